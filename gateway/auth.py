@@ -1,0 +1,47 @@
+"""API keys -> tenants. Keys live in the policy only as SHA-256 hashes."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from gateway.openai_api import ApiError
+from gateway.policy.loader import PolicySnapshot, TenantView
+
+KEY_PREFIX = "tg-"
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def bearer(authorization: bytes | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.decode("latin-1").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def authenticate(authorization: bytes | None, snapshot: PolicySnapshot) -> TenantView:
+    key = bearer(authorization)
+    if key is None:
+        raise ApiError(401, "Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key")
+    tenant = snapshot.tenants_by_key.get(hash_key(key))
+    if tenant is None:
+        raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+    return tenant
+
+
+def is_admin(authorization: bytes | None, snapshot: PolicySnapshot) -> bool:
+    expected = snapshot.policy.server.admin_token_sha256
+    token = bearer(authorization)
+    if expected is None or token is None:
+        return False
+    return hmac.compare_digest("sha256:" + hash_key(token), expected)

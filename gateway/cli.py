@@ -1,0 +1,221 @@
+"""`tollgate`: up | serve | sim | policy check | keys new | worker render | loadtest."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+
+DEFAULT_POLICY = "policies/default.yaml"
+DEMO_KEY = "tg-demo-key-change-me"
+
+
+def _policy_path(text: str) -> Path:
+    path = Path(text)
+    if not path.exists() and text == DEFAULT_POLICY:
+        bundled = Path(__file__).resolve().parent.parent / DEFAULT_POLICY
+        if bundled.exists():
+            return bundled
+    return path
+
+
+def _serve(policy: Path, host: str, port: int, banner: str | None = None) -> None:
+    import uvicorn
+
+    from gateway.accounting import start_logging
+    from gateway.app import create_app
+    from gateway.policy.loader import PolicyError, PolicyStore
+
+    try:
+        store = PolicyStore.from_file(policy)
+    except PolicyError as exc:
+        sys.exit(f"tollgate: {policy} is not a valid policy:\n{exc}")
+    listener = start_logging()
+    config = uvicorn.Config(create_app(store), host=host, port=port, loop="uvloop", http="httptools",
+                            lifespan="on", access_log=False, log_level="warning", timeout_keep_alive=75)
+    server = uvicorn.Server(config)
+    if banner:
+        original_startup = server.startup
+
+        async def startup(sockets: object = None) -> None:
+            await original_startup(sockets)  # type: ignore[arg-type]
+            print(banner, flush=True)
+        server.startup = startup  # type: ignore[method-assign]
+    try:
+        server.run()
+    finally:
+        listener.stop()
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    _serve(_policy_path(args.policy), args.host, args.port)
+
+
+def local_workers(policy_path: Path) -> list[tuple[int, list[str]]]:
+    """(port, served model names) for each pool worker on this machine, from the policy."""
+    from gateway.policy.loader import load_file
+
+    policy = load_file(policy_path).policy
+    by_port: dict[int, list[str]] = {}
+    for name, route in policy.models.items():
+        for url in policy.pools[route.pool].workers:
+            parsed = urlparse(str(url))
+            if parsed.hostname in ("127.0.0.1", "localhost") and parsed.port:
+                by_port.setdefault(parsed.port, []).append(route.upstream_model or name)
+    return sorted(by_port.items())
+
+
+def cmd_up(args: argparse.Namespace) -> None:
+    """Simulated workers for every local worker URL in the policy, then the gateway; Ctrl-C stops all."""
+    policy = _policy_path(args.policy)
+    try:
+        workers = local_workers(policy)
+    except Exception as exc:  # a bad policy: say so plainly
+        sys.exit(f"tollgate: {policy}: {exc}")
+    children: list[subprocess.Popen[bytes]] = []
+    try:
+        for port, models in workers:
+            if len(set(models)) > 1:
+                sys.exit(f"tollgate: worker port {port} serves several models {models}; the simulator serves one")
+            children.append(subprocess.Popen(
+                [sys.executable, "-m", "workers.sim", "--port", str(port), "--model", models[0]],
+                start_new_session=True))
+        deadline = time.monotonic() + 15
+        for port, _ in workers:
+            while True:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    sys.exit(f"tollgate: the simulated worker on port {port} did not start")
+                time.sleep(0.1)
+        url = f"http://{args.host}:{args.port}"
+        banner = (f"Tollgate is up at {url}/v1 with {len(workers)} simulated worker(s); policy {policy}\n"
+                  f"Demo API key: {DEMO_KEY}\n"
+                  f"Try: curl {url}/v1/chat/completions -H 'Authorization: Bearer {DEMO_KEY}' "
+                  f"-H 'Content-Type: application/json' "
+                  f"-d '{{\"model\":\"sim-llama-8b\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hi\"}}]}}'\n"
+                  f"Ctrl-C stops the gateway and its workers.")
+        _serve(policy, args.host, args.port, banner)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+
+
+def cmd_policy_check(args: argparse.Namespace) -> None:
+    from gateway.policy.loader import PolicyError, load_file
+
+    try:
+        snapshot = load_file(Path(args.file))
+    except PolicyError as exc:
+        for path, message in exc.errors:
+            print(f"{path}: {message}", file=sys.stderr)
+        sys.exit(1)
+    p = snapshot.policy
+    print(f"{args.file}: OK ({len(p.tenants)} tenants, {len(p.models)} models, {len(p.pools)} pools; "
+          f"digest {snapshot.digest})")
+
+
+def cmd_keys_new(args: argparse.Namespace) -> None:
+    from gateway.auth import hash_key, new_key
+
+    key = new_key()
+    print(f"API key for tenant '{args.tenant}' (shown once; store it now): {key}")
+    print("Add this line under the tenant's `keys:` in the policy:")
+    print(f'      - "sha256:{hash_key(key)}"')
+
+
+def cmd_worker_render(args: argparse.Namespace) -> None:
+    from gateway.policy.loader import PolicyError, load_file
+    from workers.vllm.render import container_args, shell_command
+
+    try:
+        policy = load_file(_policy_path(args.policy)).policy
+    except PolicyError as exc:
+        sys.exit(f"tollgate: {args.policy} is not a valid policy:\n{exc}")
+    spec = policy.workers.get(args.name)
+    if spec is None:
+        sys.exit(f"tollgate: no worker '{args.name}' under workers: (have: {', '.join(policy.workers) or 'none'})")
+    print(shell_command(spec) if args.format == "shell" else json.dumps(container_args(spec), indent=2))
+
+
+def cmd_sim(args: argparse.Namespace) -> None:
+    from workers.sim.cli import run
+
+    run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tollgate", description="An OpenAI-compatible gateway for vLLM workers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="gateway + simulated workers + the default policy, on this machine")
+    up.add_argument("--policy", default=DEFAULT_POLICY)
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--port", type=int, default=8080)
+    up.set_defaults(func=cmd_up)
+
+    serve = sub.add_parser("serve", help="run the gateway only")
+    serve.add_argument("--policy", default=DEFAULT_POLICY)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.set_defaults(func=cmd_serve)
+
+    from workers.sim.cli import build_parser as sim_parser
+    sim = sub.add_parser("sim", help="run a simulated vLLM worker")
+    sim_parser(sim)
+    sim.set_defaults(func=cmd_sim)
+
+    policy = sub.add_parser("policy", help="policy tools").add_subparsers(dest="policy_command", required=True)
+    check = policy.add_parser("check", help="validate a policy file; print every error with its path")
+    check.add_argument("file")
+    check.set_defaults(func=cmd_policy_check)
+
+    keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="keys_command", required=True)
+    new = keys.add_parser("new", help="make a key; print it once and the hash line for the policy")
+    new.add_argument("--tenant", required=True)
+    new.set_defaults(func=cmd_keys_new)
+
+    worker = sub.add_parser("worker", help="real vLLM workers").add_subparsers(dest="worker_command", required=True)
+    render = worker.add_parser("render", help="render `vllm serve` for a worker spec in the policy")
+    render.add_argument("name")
+    render.add_argument("--policy", default=DEFAULT_POLICY)
+    render.add_argument("--format", choices=("shell", "k8s"), default="shell")
+    render.set_defaults(func=cmd_worker_render)
+
+    try:
+        from loadtest.cli import add_parser as add_loadtest
+    except ImportError:
+        pass
+    else:
+        add_loadtest(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

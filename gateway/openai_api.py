@@ -1,0 +1,147 @@
+"""The OpenAI request surface: parse and validate bodies, apply the max_tokens policy, shape errors.
+
+Validation is hand-written over plain dicts rather than pydantic models: it runs once per
+request on the hot path, and the body is forwarded to vLLM with unknown fields intact
+(``top_k``, ``min_p``, ``ignore_eos`` ... are vLLM's to accept).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+
+from gateway.policy.loader import TenantView
+
+LARGE_BODY = 64 * 1024  # parse bodies above this off the event loop
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+class ApiError(Exception):
+    """An error answered to the client as OpenAI's error JSON."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.code = code
+        self.param = param
+
+    def body(self) -> bytes:
+        return error_body(self.message, self.type, self.code, self.param)
+
+
+def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
+
+
+async def parse_json(raw: bytes) -> dict[str, Any]:
+    try:
+        body = await asyncio.to_thread(orjson.loads, raw) if len(raw) > LARGE_BODY else orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def _bad(param: str, message: str) -> ApiError:
+    return ApiError(400, message, code="invalid_value", param=param)
+
+
+def _number(body: dict[str, Any], name: str, low: float, high: float) -> None:
+    value = body.get(name)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise _bad(name, f"'{name}' must be a number between {low:g} and {high:g}, got {value!r}.")
+
+
+def _integer(body: dict[str, Any], name: str, low: int, high: int | None = None) -> None:
+    value = body.get(name)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        limit = f">= {low}" if high is None else f"between {low} and {high}"
+        raise _bad(name, f"'{name}' must be an integer {limit}, got {value!r}.")
+
+
+def validate_common(body: dict[str, Any]) -> str:
+    """Checks shared by both endpoints; returns the model name."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "'model' is required and must be a non-empty string.", code="missing_model",
+                       param="model")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _bad("stream", "'stream' must be a boolean.")
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise _bad("stream_options", "'stream_options' must be an object.")
+        if not stream:
+            raise _bad("stream_options", "'stream_options' is only allowed when 'stream' is true.")
+    _number(body, "temperature", 0, 2)
+    _number(body, "top_p", 0, 1)
+    _number(body, "presence_penalty", -2, 2)
+    _number(body, "frequency_penalty", -2, 2)
+    _integer(body, "n", 1, 128)
+    _integer(body, "max_tokens", 1)
+    _integer(body, "max_completion_tokens", 1)
+    _integer(body, "seed", -(2**63), 2**64 - 1)
+    stop = body.get("stop")
+    if stop is not None and not isinstance(stop, str) and not (
+            isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise _bad("stop", "'stop' must be a string or a list of strings.")
+    return model
+
+
+def validate_chat(body: dict[str, Any]) -> str:
+    model = validate_common(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages", "'messages' must be a non-empty array of message objects.")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _bad(f"messages[{i}]", f"messages[{i}] must be an object.")
+        role = message.get("role")
+        if role not in _ROLES:
+            raise _bad(f"messages[{i}].role", f"messages[{i}].role must be one of {sorted(_ROLES)}, got {role!r}.")
+        content = message.get("content")
+        if content is None:
+            if role != "assistant" or not message.get("tool_calls"):
+                raise _bad(f"messages[{i}].content", f"messages[{i}].content is required.")
+        elif not isinstance(content, str | list):
+            raise _bad(f"messages[{i}].content", f"messages[{i}].content must be a string or an array of parts.")
+    return model
+
+
+def validate_completion(body: dict[str, Any]) -> str:
+    model = validate_common(body)
+    prompt = body.get("prompt")
+    ok = (isinstance(prompt, str) and prompt) or (
+        isinstance(prompt, list) and prompt and all(isinstance(p, str | int | list) for p in prompt))
+    if not ok:
+        raise _bad("prompt", "'prompt' must be a non-empty string, array of strings, or array of token ids.")
+    return model
+
+
+def apply_max_tokens(body: dict[str, Any], tenant: TenantView) -> str:
+    """Enforce the tier's default and cap in place; returns what was applied, for a response header."""
+    field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    asked = body.get(field)
+    cap = tenant.max_tokens_cap
+    if asked is None:
+        value = min(tenant.max_tokens_default, cap)
+        body["max_tokens"] = value
+        return f"default; value={value}"
+    if asked <= cap:
+        return f"requested; value={asked}"
+    if tenant.on_exceed == "reject":
+        raise ApiError(400, f"'{field}' is {asked}, above this tier's cap of {cap}.", code="max_tokens_exceeded",
+                       param=field)
+    body[field] = cap
+    return f"clamped; requested={asked}; value={cap}"

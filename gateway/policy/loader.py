@@ -1,0 +1,247 @@
+"""Load, check, diff and hot-reload the policy.
+
+A policy is parsed and validated once into an immutable ``PolicySnapshot``. Reloading swaps the
+store's reference; a request keeps the snapshot it started with, so in-flight requests finish
+under their own policy. A bad file never replaces a good one: the error is kept for
+``/admin/policy/status`` and the metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import orjson
+import yaml
+from pydantic import ValidationError
+
+from gateway.policy.schema import Policy, Tier, cross_reference_errors
+
+log = logging.getLogger("tollgate.policy")
+
+
+class PolicyError(Exception):
+    """Every problem found in one policy, each with its dotted path."""
+
+    def __init__(self, errors: list[tuple[str, str]]) -> None:
+        self.errors = errors
+        super().__init__("\n".join(f"{path}: {message}" for path, message in errors))
+
+
+@dataclass(frozen=True, slots=True)
+class TenantView:
+    """What the hot path needs about a tenant, resolved against its tier once at load."""
+
+    name: str
+    tier: Tier
+    models: frozenset[str] | None  # None: every model
+    max_tokens_default: int
+    max_tokens_cap: int
+    on_exceed: str
+
+    def may_use(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+
+@dataclass(frozen=True)
+class PolicySnapshot:
+    policy: Policy
+    digest: str
+    source: str
+    loaded_at: float
+    tenants_by_key: Mapping[str, TenantView]  # sha256 hex of the key -> tenant
+    tenants: Mapping[str, TenantView]
+
+    @classmethod
+    def build(cls, policy: Policy, source: str) -> PolicySnapshot:
+        tenants: dict[str, TenantView] = {}
+        by_key: dict[str, TenantView] = {}
+        for name, tenant in policy.tenants.items():
+            tier = policy.tiers[tenant.tier]
+            view = TenantView(
+                name=name, tier=tenant.tier,
+                models=None if "*" in tenant.models else frozenset(tenant.models),
+                max_tokens_default=tier.max_tokens_default,
+                max_tokens_cap=tenant.max_tokens_cap or tier.max_tokens_cap,
+                on_exceed=tier.on_exceed,
+            )
+            tenants[name] = view
+            for key in tenant.keys:
+                by_key[key.removeprefix("sha256:")] = view
+        digest = hashlib.sha256(orjson.dumps(policy.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS))
+        return cls(policy, digest.hexdigest()[:16], source, time.time(), MappingProxyType(by_key),
+                   MappingProxyType(tenants))
+
+
+def parse_policy(text: str) -> Policy:
+    """YAML text -> validated Policy, or PolicyError listing every problem with its path."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "document"
+        raise PolicyError([(where, f"invalid YAML: {getattr(exc, 'problem', exc)}")]) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise PolicyError([("<root>", "the policy must be a mapping")])
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as exc:
+        raise PolicyError([(_path(e["loc"]), e["msg"]) for e in exc.errors()]) from None
+    errors = cross_reference_errors(policy)
+    if errors:
+        raise PolicyError(errors)
+    return policy
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    # pydantic adds the Literal/union branch to some locations; keep only the document path
+    parts = [str(p) for p in loc if not (isinstance(p, str) and p.startswith(("literal[", "function-")))]
+    return ".".join(parts) or "<root>"
+
+
+def load_file(path: Path) -> PolicySnapshot:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PolicyError([(str(path), f"cannot read: {exc.strerror}")]) from None
+    return PolicySnapshot.build(parse_policy(text), str(path))
+
+
+def diff(old: Policy, new: Policy) -> dict[str, list[str]]:
+    """Dotted paths added, removed and changed between two policies (values of keys are not shown)."""
+    changes: dict[str, list[str]] = {"added": [], "removed": [], "changed": []}
+    _diff(old.model_dump(mode="json"), new.model_dump(mode="json"), "", changes)
+    return changes
+
+
+def _diff(a: object, b: object, prefix: str, out: dict[str, list[str]]) -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b), key=str):
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if key not in a:
+                out["added"].append(path)
+            elif key not in b:
+                out["removed"].append(path)
+            else:
+                _diff(a[key], b[key], path, out)
+    elif a != b:
+        out["changed"].append(prefix or "<root>")
+
+
+Listener = Callable[[PolicySnapshot], None]
+
+
+@dataclass
+class PolicyStore:
+    """Holds the live snapshot; reloads from the file (watch, SIGHUP) or from text (admin API)."""
+
+    current: PolicySnapshot
+    path: Path | None = None
+    last_error: str | None = None
+    last_error_at: float | None = None
+    reloads_ok: int = 0
+    reloads_failed: int = 0
+    listeners: list[Listener] = field(default_factory=list)
+    rejection_listeners: list[Callable[[PolicyError], None]] = field(default_factory=list)
+    _stamp: tuple[int, int, int] | None = None
+
+    @classmethod
+    def from_file(cls, path: Path) -> PolicyStore:
+        store = cls(load_file(path), path)
+        store._stamp = _stamp(path)
+        return store
+
+    def status(self) -> dict[str, Any]:
+        snap = self.current
+        return {"digest": snap.digest, "source": snap.source, "loaded_at": snap.loaded_at,
+                "reloads_ok": self.reloads_ok, "reloads_failed": self.reloads_failed,
+                "last_error": self.last_error, "last_error_at": self.last_error_at}
+
+    def apply(self, snapshot: PolicySnapshot) -> dict[str, list[str]]:
+        changes = diff(self.current.policy, snapshot.policy)
+        self.current = snapshot
+        self.reloads_ok += 1
+        self.last_error = self.last_error_at = None
+        for listener in self.listeners:
+            listener(snapshot)
+        log.info("policy %s loaded from %s: %s", snapshot.digest, snapshot.source, changes)
+        return changes
+
+    def reject(self, error: PolicyError, source: str) -> None:
+        self.reloads_failed += 1
+        self.last_error = f"{source}:\n{error}"
+        self.last_error_at = time.time()
+        log.error("policy from %s rejected; keeping %s:\n%s", source, self.current.digest, error)
+        for listener in self.rejection_listeners:
+            listener(error)
+
+    async def reload_file(self) -> dict[str, list[str]]:
+        """Re-read the file off the event loop; raise PolicyError (and keep the old one) if it is bad."""
+        assert self.path is not None
+        self._stamp = _stamp(self.path)
+        try:
+            snapshot = await asyncio.to_thread(load_file, self.path)
+        except PolicyError as exc:
+            self.reject(exc, str(self.path))
+            raise
+        return self.apply(snapshot)
+
+    async def apply_text(self, text: str, source: str = "admin API") -> dict[str, list[str]]:
+        """Validate text and make it live; write it to the policy file so a restart keeps it."""
+        try:
+            policy = await asyncio.to_thread(parse_policy, text)
+        except PolicyError as exc:
+            self.reject(exc, source)
+            raise
+        if self.path is not None:
+            await asyncio.to_thread(_write_atomically, self.path, text)
+            self._stamp = _stamp(self.path)
+        return self.apply(PolicySnapshot.build(policy, source))
+
+    async def watch(self, interval: float = 1.0) -> None:
+        """Reload when the file changes (mtime, size or inode) and on SIGHUP."""
+        loop = asyncio.get_running_loop()
+        hup = asyncio.Event()
+        try:
+            loop.add_signal_handler(signal.SIGHUP, hup.set)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass  # not the main thread: file watching still works
+        while True:
+            try:
+                await asyncio.wait_for(hup.wait(), interval)
+            except TimeoutError:
+                pass
+            forced = hup.is_set()
+            hup.clear()
+            if self.path is None:
+                continue
+            if forced or _stamp(self.path) != self._stamp:
+                try:
+                    await self.reload_file()
+                except PolicyError:
+                    pass
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

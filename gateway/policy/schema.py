@@ -1,0 +1,133 @@
+"""The routing-policy schema: validated once at load, then read as an immutable snapshot.
+
+Every model forbids unknown keys, so a typo in the YAML is an error with its path, not a
+silently ignored setting. Sections that later features add (cache, prices, budgets, anomaly
+rules) slot in beside the ones here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, field_validator
+
+Tier = Literal["premium", "standard", "batch"]
+TIERS: tuple[Tier, ...] = ("premium", "standard", "batch")
+_KEY_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SLO(Strict):
+    """Per-tier objectives; the load tests score goodput against them and scaling rules read them."""
+
+    ttft_p95_ms: float = Field(800, gt=0)
+    total_p95_ms: float = Field(8000, gt=0)
+    error_rate: float = Field(0.005, ge=0, le=1)
+
+
+class TierPolicy(Strict):
+    max_tokens_default: int = Field(512, ge=1)
+    max_tokens_cap: int = Field(4096, ge=1)
+    on_exceed: Literal["clamp", "reject"] = "clamp"
+    slo: SLO = SLO()
+
+
+class Tenant(Strict):
+    tier: Tier
+    keys: list[str] = Field(default_factory=list, description="API keys as 'sha256:<hex>'; never in clear")
+    models: list[str] = Field(default_factory=lambda: ["*"], description="allowed model names; '*' for all")
+    max_tokens_cap: int | None = Field(None, ge=1, description="overrides the tier's cap for this tenant")
+
+    @field_validator("keys")
+    @classmethod
+    def _hashed(cls, keys: list[str]) -> list[str]:
+        for key in keys:
+            if not _KEY_HASH.match(key):
+                raise ValueError("keys must be 'sha256:' + 64 lowercase hex digits (see `tollgate keys new`)")
+        return keys
+
+
+class Pool(Strict):
+    """A set of interchangeable workers behind one keep-alive client."""
+
+    workers: list[AnyHttpUrl] = Field(min_length=1)
+    max_connections: int = Field(256, ge=1, description="upper bound of upstream connections per worker")
+    keepalive_s: float = Field(75.0, gt=0)
+    connect_timeout_s: float = Field(2.0, gt=0)
+    read_timeout_s: float = Field(120.0, gt=0, description="longest silence allowed between upstream bytes")
+    scrape_interval_s: float = Field(0.5, ge=0.1, le=10)
+    cooldown_s: float = Field(5.0, ge=0, description="how long a failed worker is left out before re-admission")
+
+
+class ModelRoute(Strict):
+    pool: str
+    upstream_model: str | None = Field(None, description="the name the workers serve; defaults to the key")
+
+
+class Server(Strict):
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+    admin_token_sha256: str | None = Field(None, description="sha256 of the admin token for /admin/*")
+
+    @field_validator("admin_token_sha256")
+    @classmethod
+    def _hashed(cls, value: str | None) -> str | None:
+        if value is not None and not _KEY_HASH.match(value):
+            raise ValueError("must be 'sha256:' + 64 lowercase hex digits")
+        return value
+
+
+class WorkerSpec(Strict):
+    """How to launch a real vLLM worker (rendered by `tollgate worker render`)."""
+
+    model: str = Field(min_length=1)
+    served_name: str | None = None
+    port: int = Field(8000, ge=1, le=65535)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    max_model_len: int | None = Field(None, ge=1)
+    enable_prefix_caching: bool = True
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    quantization: str | None = None
+    speculative_config: dict[str, object] | None = None
+    scheduling_policy: Literal["fcfs", "priority"] = "priority"
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+
+
+class Policy(Strict):
+    version: Literal[1] = 1
+    server: Server = Server()
+    tiers: dict[Tier, TierPolicy] = Field(default_factory=lambda: {t: TierPolicy() for t in TIERS})
+    tenants: dict[Name, Tenant] = Field(default_factory=dict)
+    models: dict[Name, ModelRoute] = Field(default_factory=dict)
+    pools: dict[Name, Pool] = Field(default_factory=dict)
+    workers: dict[Name, WorkerSpec] = Field(default_factory=dict)
+
+
+def cross_reference_errors(policy: Policy) -> list[tuple[str, str]]:
+    """Checks that span sections; pydantic validates each section on its own."""
+    errors: list[tuple[str, str]] = []
+    owners: dict[str, str] = {}
+    for name, tenant in policy.tenants.items():
+        if tenant.tier not in policy.tiers:
+            errors.append((f"tenants.{name}.tier", f"tier '{tenant.tier}' is not defined under tiers"))
+        for i, model in enumerate(tenant.models):
+            if model != "*" and model not in policy.models:
+                errors.append((f"tenants.{name}.models.{i}", f"model '{model}' is not defined under models"))
+        for i, key in enumerate(tenant.keys):
+            if key in owners:
+                errors.append((f"tenants.{name}.keys.{i}", f"key is already used by tenant '{owners[key]}'"))
+            owners[key] = name
+    for name, route in policy.models.items():
+        if route.pool not in policy.pools:
+            errors.append((f"models.{name}.pool", f"pool '{route.pool}' is not defined under pools"))
+    for tier, rules in policy.tiers.items():
+        if rules.max_tokens_default > rules.max_tokens_cap:
+            errors.append((f"tiers.{tier}.max_tokens_default", "must not exceed max_tokens_cap"))
+    return errors

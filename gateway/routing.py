@@ -1,0 +1,26 @@
+"""Pick the worker for a request from live load."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Collection, Sequence
+
+from gateway.workers_state import Worker
+
+_rotation = itertools.count()
+
+
+def pick(workers: Sequence[Worker], exclude: Collection[Worker] = ()) -> Worker | None:
+    """The available worker with the lowest load; ties rotate, so idle workers share the traffic."""
+    now = time.monotonic()
+    n = len(workers)
+    start = next(_rotation) % n if n else 0
+    best: Worker | None = None
+    for i in range(n):
+        worker = workers[(start + i) % n]
+        if worker in exclude or not worker.available(now):
+            continue
+        if best is None or worker.load < best.load:
+            best = worker
+    return best

@@ -1,0 +1,97 @@
+"""Live state of each worker: health, cooldown, and load scraped from vLLM's /health and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+log = logging.getLogger("tollgate.workers")
+
+# Prefix -> field. The KV metric was renamed in vLLM 0.10; accept both names.
+_GAUGES = {
+    b"vllm:num_requests_running": "running",
+    b"vllm:num_requests_waiting{": "waiting",
+    b"vllm:num_requests_waiting ": "waiting",
+    b"vllm:kv_cache_usage_perc": "kv_usage",
+    b"vllm:gpu_cache_usage_perc": "kv_usage",
+}
+
+
+@dataclass(eq=False)
+class Worker:
+    url: str
+    pool: str
+    healthy: bool = False
+    cooldown_until: float = 0.0
+    inflight: int = 0
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    last_error: str | None = None
+
+    def available(self, now: float) -> bool:
+        return self.healthy and now >= self.cooldown_until
+
+    @property
+    def load(self) -> float:
+        """Gateway in-flight (fresh) + vLLM's waiting queue and KV usage (up to one scrape old)."""
+        return self.inflight + self.waiting + self.kv_usage
+
+    def fail(self, reason: str, cooldown_s: float) -> None:
+        """Leave the worker out of routing; the scraper re-admits it once it is healthy after the cooldown."""
+        if self.healthy:
+            log.warning("worker %s cooled down for %.1fs: %s", self.url, cooldown_s, reason)
+        self.healthy = False
+        self.cooldown_until = time.monotonic() + cooldown_s
+        self.last_error = reason
+
+
+def parse_load(text: bytes) -> dict[str, float]:
+    """Sum the load gauges over label sets; skips everything else without parsing it."""
+    found: dict[str, float] = {}
+    for line in text.split(b"\n"):
+        if not line.startswith(b"vllm:") or line.startswith(b"vllm:num_requests_waiting_by"):
+            continue
+        for prefix, name in _GAUGES.items():
+            if line.startswith(prefix):
+                try:
+                    found[name] = found.get(name, 0.0) + float(line.rsplit(b" ", 1)[1])
+                except (IndexError, ValueError):
+                    pass
+                break
+    return found
+
+
+async def scrape(worker: Worker, client: httpx.AsyncClient) -> None:
+    try:
+        health = await client.get(worker.url + "/health")
+        if health.status_code != 200:
+            raise RuntimeError(f"/health answered {health.status_code}")
+        metrics = await client.get(worker.url + "/metrics")
+        load = parse_load(metrics.content) if metrics.status_code == 200 else {}
+    except (httpx.HTTPError, RuntimeError) as exc:
+        if worker.healthy:
+            log.warning("worker %s failed its health check: %s", worker.url, exc)
+        worker.healthy = False
+        worker.last_error = str(exc) or type(exc).__name__
+        return
+    worker.running = load.get("running", 0.0)
+    worker.waiting = load.get("waiting", 0.0)
+    worker.kv_usage = load.get("kv_usage", 0.0)
+    if not worker.healthy and time.monotonic() >= worker.cooldown_until:
+        log.info("worker %s admitted", worker.url)
+        worker.healthy = True
+        worker.last_error = None
+
+
+async def scrape_forever(workers: list[Worker], client: httpx.AsyncClient, interval: float,
+                         after_round: Callable[[], None]) -> None:
+    while True:
+        await asyncio.gather(*(scrape(w, client) for w in workers))
+        after_round()
+        await asyncio.sleep(interval)

@@ -1,0 +1,3 @@
+from workers.sim.cli import main
+
+main()

@@ -1,0 +1,292 @@
+"""The simulated inference engine: one scheduler loop driving every sequence.
+
+It models what makes a vLLM server behave the way it does under load, so the gateway
+is tuned against the right shape rather than against a constant delay:
+
+- continuous batching: up to ``max_num_seqs`` sequences decode together, one token each per step;
+- a paged KV cache of ``num_blocks`` blocks of ``block_size`` tokens; a waiting request is admitted
+  only when its prompt fits; a running sequence that cannot grow preempts the newest (lowest
+  priority) running one, which is recomputed later (vLLM's recompute preemption);
+- chunked prefill: at most ``max_num_batched_tokens`` tokens (prefill + decode) per step;
+- step time = base + per-sequence term + per-prefill-token term, so total tokens/s rises with the
+  batch while TPOT worsens, as on a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from workers.sim.tokenizer import next_piece
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Defaults model Llama-3-8B (bf16) on one A100-80GB; see workers/README.md for the arithmetic."""
+
+    max_num_seqs: int = 256
+    num_blocks: int = 26_000
+    block_size: int = 16
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 8192
+    decode_base_s: float = 0.012
+    decode_per_seq_s: float = 0.00015
+    prefill_per_token_s: float = 0.00008
+    jitter: float = 0.0
+    seed: int = 0
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    mean_output_tokens: int = 0  # 0: never emit EOS by chance; finish at max_tokens or a stop string
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    prompt_tokens: int
+    max_tokens: int
+    rng: random.Random
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop: tuple[str, ...] = ()
+    priority: int = 0
+    arrival: float = field(default_factory=time.monotonic)
+    output: list[str] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    state: Literal["new", "waiting", "running", "done"] = "new"
+    computed: int = 0  # tokens whose KV is in the cache (prompt prefill + recompute)
+    blocks: int = 0
+    order: int = 0
+    scheduled_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def context_len(self) -> int:
+        return self.prompt_tokens + len(self.output)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.output)
+
+
+@dataclass
+class EngineStats:
+    """What /metrics reports; updated in place by the engine."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    preemptions: int = 0
+    aborted: int = 0
+    finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})
+
+
+Observer = Callable[[Sequence], None]
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, on_finish: Observer | None = None,
+                 on_token_gap: Callable[[float], None] | None = None) -> None:
+        self.config = config
+        self.stats = EngineStats()
+        self.free_blocks = config.num_blocks
+        self.running: list[Sequence] = []
+        self._waiting: list[tuple[int, int, Sequence]] = []
+        self._order = itertools.count()
+        self._work = asyncio.Event()
+        self._jitter = random.Random(config.seed)
+        self._on_finish = on_finish
+        self._on_token_gap = on_token_gap
+        self._task: asyncio.Task[None] | None = None
+
+    # -- public ------------------------------------------------------------------------------
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return 1.0 - self.free_blocks / self.config.num_blocks
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def submit(self, seq: Sequence) -> None:
+        seq.order = next(self._order)
+        key = seq.priority if self.config.scheduling_policy == "priority" else 0
+        heapq.heappush(self._waiting, (key, seq.order, seq))
+        seq.state = "waiting"
+        self.stats.prompt_tokens += seq.prompt_tokens
+        self._work.set()
+
+    def abort(self, seq: Sequence) -> None:
+        """Drop a sequence at once (client gone) and give its KV blocks back."""
+        if seq.finish_reason is not None:
+            return
+        self.stats.aborted += 1
+        if seq.state == "running":
+            self.running.remove(seq)
+            self.free_blocks += seq.blocks
+            seq.blocks = 0
+        else:
+            self._waiting = [entry for entry in self._waiting if entry[2] is not seq]
+            heapq.heapify(self._waiting)
+        self._finish(seq, "abort")
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while True:
+            if not self.running and not self._waiting:
+                self._work.clear()
+                await self._work.wait()
+            self._admit()
+            plan = self._plan()
+            duration = self._step_time(plan)
+            await asyncio.sleep(duration)
+            self._apply(plan)
+
+    def _admit(self) -> None:
+        cfg = self.config
+        while self._waiting and len(self.running) < cfg.max_num_seqs:
+            seq = self._waiting[0][2]
+            need = self._blocks_for(seq.context_len)
+            if need > self.free_blocks:
+                break  # head-of-line waits for KV space, as vLLM's scheduler does
+            heapq.heappop(self._waiting)
+            self.free_blocks -= need
+            seq.blocks = need
+            if seq.scheduled_at is None:
+                seq.scheduled_at = time.monotonic()
+            seq.state = "running"
+            self.running.append(seq)
+
+    def _plan(self) -> list[tuple[Sequence, int]]:
+        """Tokens each running sequence computes this step: a prefill chunk, or 1 to decode."""
+        budget = self.config.max_num_batched_tokens
+        plan: list[tuple[Sequence, int]] = []
+        decoding = [s for s in self.running if s.computed >= s.context_len]
+        for seq in decoding:
+            if seq.state == "running" and self._grow(seq):
+                plan.append((seq, 1))
+                budget -= 1
+        plan = [(s, n) for s, n in plan if s.state == "running"]
+        for seq in self.running:
+            if budget <= 0:
+                break
+            missing = seq.context_len - seq.computed
+            if missing > 0:
+                chunk = min(missing, budget)
+                plan.append((seq, chunk))
+                budget -= chunk
+        return plan
+
+    def _grow(self, seq: Sequence) -> bool:
+        """Make room for one more token; preempt the newest running sequences if the cache is full."""
+        need = self._blocks_for(seq.context_len + 1) - seq.blocks
+        while need > self.free_blocks:
+            victim = max(self.running, key=self._preemption_rank)
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        self.free_blocks -= need
+        seq.blocks += need
+        return True
+
+    def _preemption_rank(self, seq: Sequence) -> tuple[int, int]:
+        if self.config.scheduling_policy == "priority":
+            return (seq.priority, seq.order)
+        return (0, seq.order)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.free_blocks += seq.blocks
+        seq.blocks = 0
+        seq.computed = 0
+        seq.state = "waiting"
+        key = seq.priority if self.config.scheduling_policy == "priority" else 0
+        heapq.heappush(self._waiting, (key, seq.order, seq))
+        self.stats.preemptions += 1
+
+    def _step_time(self, plan: list[tuple[Sequence, int]]) -> float:
+        if not plan:
+            return 0.0
+        cfg = self.config
+        prefill = sum(n for s, n in plan if n > 1 or s.computed < s.context_len)
+        duration = cfg.decode_base_s + cfg.decode_per_seq_s * len(plan) + cfg.prefill_per_token_s * prefill
+        if cfg.jitter and duration > 0:
+            duration *= max(0.0, 1.0 + self._jitter.gauss(0.0, cfg.jitter))
+        return duration
+
+    def _apply(self, plan: list[tuple[Sequence, int]]) -> None:
+        now = time.monotonic()
+        for seq, n in plan:
+            if seq.state != "running":
+                continue  # aborted or preempted while the step ran
+            seq.computed += n
+            if seq.computed < seq.context_len:
+                continue  # mid prefill
+            self._emit(seq, now)
+
+    def _emit(self, seq: Sequence, now: float) -> None:
+        if seq.last_token_at is not None and self._on_token_gap:
+            self._on_token_gap(now - seq.last_token_at)
+        seq.output.append(next_piece(seq.rng))
+        self.stats.generation_tokens += 1
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+        seq.last_token_at = now
+        reason = self._finished(seq)
+        if reason:
+            self.running.remove(seq)
+            self.free_blocks += seq.blocks
+            seq.blocks = 0
+            self._finish(seq, reason)
+        else:
+            seq.wake.set()
+
+    def _finished(self, seq: Sequence) -> FinishReason | None:
+        produced = len(seq.output)
+        if seq.stop and produced >= seq.min_tokens:
+            # Only the newest piece is cut: earlier ones may already be on the wire.
+            window = "".join(seq.output[-4:])
+            newest = seq.output[-1]
+            for stop in seq.stop:
+                cut = window.find(stop)
+                if cut >= 0:
+                    seq.output[-1] = newest[: max(0, cut - (len(window) - len(newest)))]
+                    return "stop"
+        if produced >= seq.max_tokens:
+            return "length"
+        mean = self.config.mean_output_tokens
+        if mean and not seq.ignore_eos and produced >= seq.min_tokens and seq.rng.random() < 1.0 / mean:
+            return "stop"
+        return None
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        seq.finish_reason = reason
+        seq.state = "done"
+        self.stats.finished[reason] += 1
+        seq.wake.set()
+        if self._on_finish:
+            self._on_finish(seq)
+
+    def _blocks_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.config.block_size)

