@@ -245,9 +245,9 @@ class SSEScanner:
         now = time.perf_counter()
         if self.first_at is None:
             self.first_at = now
+        self.last_at = now  # vLLM writes the usage event together with the last token
         if b'"usage":{' in chunk or b'"usage": {' in chunk:
             return self._take_usage(chunk)
-        self.last_at = now
         return chunk
 
     def _take_usage(self, chunk: bytes) -> bytes:
