@@ -135,6 +135,9 @@ def _diff(a: object, b: object, prefix: str, out: dict[str, list[str]]) -> None:
                 out["removed"].append(path)
             else:
                 _diff(a[key], b[key], path, out)
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _diff(x, y, f"{prefix}.{i}", out)
     elif a != b:
         out["changed"].append(prefix or "<root>")
 

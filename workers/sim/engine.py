@@ -179,11 +179,14 @@ class Engine:
             self.running.append(seq)
 
     def _plan(self) -> list[tuple[Sequence, int]]:
-        """Tokens each running sequence computes this step: a prefill chunk, or 1 to decode."""
+        """Tokens each running sequence computes this step: 1 to decode, or a chunk of its prefill.
+
+        A sequence's pending tokens are those whose KV is not yet in the cache: its prompt (or, after a
+        preemption, prompt + output) while prefilling, then exactly the last sampled token while decoding.
+        """
         budget = self.config.max_num_batched_tokens
         plan: list[tuple[Sequence, int]] = []
-        decoding = [s for s in self.running if s.computed >= s.context_len]
-        for seq in decoding:
+        for seq in [s for s in self.running if s.output and s.context_len - s.computed == 1]:
             if seq.state == "running" and self._grow(seq):
                 plan.append((seq, 1))
                 budget -= 1
@@ -191,16 +194,16 @@ class Engine:
         for seq in self.running:
             if budget <= 0:
                 break
-            missing = seq.context_len - seq.computed
-            if missing > 0:
-                chunk = min(missing, budget)
+            pending = seq.context_len - seq.computed
+            if pending > 1 or (pending == 1 and not seq.output):
+                chunk = min(pending, budget)
                 plan.append((seq, chunk))
                 budget -= chunk
         return plan
 
     def _grow(self, seq: Sequence) -> bool:
-        """Make room for one more token; preempt the newest running sequences if the cache is full."""
-        need = self._blocks_for(seq.context_len + 1) - seq.blocks
+        """Make room for the token this step computes; preempt the newest running sequences if the cache is full."""
+        need = self._blocks_for(seq.context_len) - seq.blocks
         while need > self.free_blocks:
             victim = max(self.running, key=self._preemption_rank)
             self._preempt(victim)
@@ -229,7 +232,7 @@ class Engine:
         if not plan:
             return 0.0
         cfg = self.config
-        prefill = sum(n for s, n in plan if n > 1 or s.computed < s.context_len)
+        prefill = sum(n for s, n in plan if not (s.output and n == 1 and s.context_len - s.computed == 1))
         duration = cfg.decode_base_s + cfg.decode_per_seq_s * len(plan) + cfg.prefill_per_token_s * prefill
         if cfg.jitter and duration > 0:
             duration *= max(0.0, 1.0 + self._jitter.gauss(0.0, cfg.jitter))

@@ -1,0 +1,75 @@
+"""The gateway's streaming behaviour in front of a real vLLM server (CPU build)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import DEMO_KEY, Proc, metric_value, policy_dict, wait_for
+
+pytestmark = pytest.mark.vllm
+MODEL = "tiny-llama"
+
+
+@pytest.fixture
+def gateway(vllm_server: Any, start_gateway: Callable[..., Proc]) -> Proc:
+    return start_gateway(policy_dict([vllm_server.url], model=MODEL))
+
+
+def test_openai_client_streams_through_the_gateway(gateway: Proc) -> None:
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=DEMO_KEY, max_retries=0)
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=12, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+    assert chunks[-1].choices == []
+    answer = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hello"}],
+                                            max_tokens=4, extra_body={"ignore_eos": True})
+    assert answer.usage is not None and answer.usage.completion_tokens == 4
+
+
+def test_usage_chunk_stripped_but_accounted(gateway: Proc) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "stream": True,
+            "ignore_eos": True}
+    with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, timeout=60,
+                      headers={"authorization": f"Bearer {DEMO_KEY}"}) as response:
+        raw = response.read()
+        assert "ttft;dur=" in response.headers["server-timing"]
+    events = raw.split(b"\n\n")[:-1]
+    assert events[-1] == b"data: [DONE]"
+    assert not any(b'"usage"' in e for e in events)
+    chunks = [json.loads(e.removeprefix(b"data: ")) for e in events[:-1]]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert wait_for(lambda: metric_value(gateway.url, "tollgate_tokens_total", direction="completion") >= 8)
+
+
+def test_client_disconnect_stops_vllm(gateway: Proc, vllm_server: Any) -> None:
+    generated_before = metric_value(vllm_server.url, "vllm:generation_tokens_total")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 480, "stream": True,
+            "ignore_eos": True}
+    with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, timeout=60,
+                      headers={"authorization": f"Bearer {DEMO_KEY}"}) as response:
+        assert next(response.iter_raw()).startswith(b"data: ")
+    assert wait_for(lambda: metric_value(vllm_server.url, "vllm:num_requests_running") == 0, timeout=15)
+    time.sleep(1.0)  # 480 tokens would be done by now had vLLM gone on
+    generated = metric_value(vllm_server.url, "vllm:generation_tokens_total") - generated_before
+    assert generated < 100, f"vLLM went on generating after the client left ({generated} tokens)"
+
+
+def test_unbuffered_first_token(gateway: Proc) -> None:
+    """The client holds content before the stream ends: the gateway forwards as vLLM writes."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 400, "stream": True,
+            "ignore_eos": True}
+    reads = []
+    with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, timeout=60,
+                      headers={"authorization": f"Bearer {DEMO_KEY}"}) as response:
+        for chunk in response.iter_raw():
+            reads.append((time.monotonic(), chunk.count(b"data: ")))
+    assert len(reads) > 10, "the stream arrived in many pieces, not one buffered body"
+    assert sum(n for _, n in reads) >= 400

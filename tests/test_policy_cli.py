@@ -1,0 +1,126 @@
+"""Policy validation, `tollgate policy check`, `keys new` and `worker render`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway.policy.loader import PolicyError, diff, parse_policy
+from tests.conftest import ROOT, policy_dict
+
+
+def tollgate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gateway", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+
+
+def errors_of(policy: dict) -> dict[str, str]:
+    with pytest.raises(PolicyError) as info:
+        parse_policy(yaml.safe_dump(policy))
+    return dict(info.value.errors)
+
+
+def test_default_policy_is_valid() -> None:
+    result = tollgate("policy", "check", "policies/default.yaml")
+    assert result.returncode == 0, result.stderr
+    assert "OK" in result.stdout
+
+
+def test_every_error_has_its_path() -> None:
+    policy = policy_dict(["http://127.0.0.1:1"])
+    policy["tenants"]["demo"]["tier"] = "gold"
+    policy["tenants"]["demo"]["keys"] = ["plaintext-key"]
+    policy["tenants"]["prem"]["colour"] = "blue"
+    policy["pools"]["main"]["workers"] = ["not a url"]
+    policy["pools"]["main"]["read_timeout_s"] = -1
+    errors = errors_of(policy)
+    assert "tenants.demo.tier" in errors
+    assert "tenants.demo.keys" in errors and "sha256" in errors["tenants.demo.keys"]
+    assert "tenants.prem.colour" in errors
+    assert "pools.main.workers.0" in errors
+    assert "pools.main.read_timeout_s" in errors
+
+
+def test_cross_references_are_checked() -> None:
+    policy = policy_dict(["http://127.0.0.1:1"])
+    policy["models"]["sim-llama-8b"]["pool"] = "nowhere"
+    policy["tenants"]["prem"]["models"] = ["ghost"]
+    policy["tenants"]["bulk"]["keys"] = policy["tenants"]["demo"]["keys"]
+    policy["tiers"]["batch"]["max_tokens_default"] = 9999
+    errors = errors_of(policy)
+    assert "pool 'nowhere'" in errors["models.sim-llama-8b.pool"]
+    assert "model 'ghost'" in errors["tenants.prem.models.0"]
+    duplicate = errors.get("tenants.bulk.keys.0") or errors.get("tenants.demo.keys.0") or ""
+    assert "already used by tenant" in duplicate
+    assert "tiers.batch.max_tokens_default" in errors
+
+
+def test_policy_check_cli_prints_paths_and_exits_1(tmp_path: Path) -> None:
+    policy = policy_dict(["http://127.0.0.1:1"])
+    policy["tenants"]["demo"]["tier"] = "gold"
+    policy["workers"] = {"w": {"model": "m", "gpu_memory_utilisation": 0.5}}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    result = tollgate("policy", "check", str(path))
+    assert result.returncode == 1
+    assert re.search(r"^tenants\.demo\.tier: ", result.stderr, re.M)
+    assert re.search(r"^workers\.w\.gpu_memory_utilisation: Extra inputs are not permitted", result.stderr, re.M)
+
+    path.write_text("tenants: {demo: [unclosed")
+    result = tollgate("policy", "check", str(path))
+    assert result.returncode == 1 and "invalid YAML" in result.stderr and "line 1" in result.stderr
+
+
+def test_diff_names_changed_paths() -> None:
+    old = parse_policy(yaml.safe_dump(policy_dict(["http://127.0.0.1:1"])))
+    changed = policy_dict(["http://127.0.0.1:2"])
+    changed["tenants"]["new"] = {"tier": "batch"}
+    new = parse_policy(yaml.safe_dump(changed))
+    result = diff(old, new)
+    assert result["added"] == ["tenants.new"]
+    assert result["changed"] == ["pools.main.workers.0"]
+
+
+def test_keys_new_prints_a_key_and_its_hash_line() -> None:
+    result = tollgate("keys", "new", "--tenant", "acme")
+    assert result.returncode == 0
+    key = re.search(r"(tg-\S+)", result.stdout).group(1)
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    assert f'"sha256:{digest}"' in result.stdout
+    assert tollgate("keys", "new", "--tenant", "acme").stdout != result.stdout, "fresh every time"
+
+
+def test_worker_render(tmp_path: Path) -> None:
+    result = tollgate("worker", "render", "llama-8b")
+    assert result.returncode == 0, result.stderr
+    cmd = result.stdout.strip()
+    assert cmd.startswith("vllm serve meta-llama/Llama-3.1-8B-Instruct ")
+    for flag in ("--served-model-name llama-8b", "--gpu-memory-utilization 0.9", "--max-num-seqs 256",
+                 "--max-num-batched-tokens 8192", "--max-model-len 8192", "--enable-prefix-caching",
+                 "--scheduling-policy priority"):
+        assert flag in cmd
+
+    policy = policy_dict(["http://127.0.0.1:1"])
+    policy["workers"] = {"big": {"model": "org/m", "tensor_parallel_size": 4, "quantization": "awq",
+                                 "kv_cache_dtype": "fp8", "enable_prefix_caching": False,
+                                 "speculative_config": {"method": "ngram", "num_speculative_tokens": 4}}}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    k8s = json.loads(tollgate("worker", "render", "big", "--policy", str(path), "--format", "k8s").stdout)
+    args = k8s["args"]
+    assert k8s["command"] == ["vllm", "serve"] and args[0] == "org/m"
+    assert args[args.index("--tensor-parallel-size") + 1] == "4"
+    assert args[args.index("--quantization") + 1] == "awq"
+    assert args[args.index("--kv-cache-dtype") + 1] == "fp8"
+    assert "--no-enable-prefix-caching" in args
+    assert json.loads(args[args.index("--speculative-config") + 1]) == {"method": "ngram",
+                                                                        "num_speculative_tokens": 4}
+    missing = tollgate("worker", "render", "nope", "--policy", str(path))
+    assert missing.returncode != 0 and "no worker 'nope'" in missing.stderr

@@ -1,0 +1,142 @@
+"""The simulated engine's scheduling model, driven in-process (behaviour, not timing)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Coroutine
+from typing import Any
+
+from workers.sim.engine import Engine, EngineConfig, Sequence
+
+ZERO = {"decode_base_s": 0.0, "decode_per_seq_s": 0.0, "prefill_per_token_s": 0.0}
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(coro)
+
+
+def seq(prompt: int = 10, max_tokens: int = 10, **kw: Any) -> Sequence:
+    return Sequence(request_id=str(random.random()), prompt_tokens=prompt, max_tokens=max_tokens,
+                    rng=random.Random(1), **kw)
+
+
+async def finish_all(engine: Engine, seqs: list[Sequence]) -> None:
+    for s in seqs:
+        while s.finish_reason is None:
+            s.wake.clear()
+            await s.wake.wait()
+
+
+def test_continuous_batching_decodes_sequences_together() -> None:
+    async def main() -> tuple[int, list[int]]:
+        engine = Engine(EngineConfig(**ZERO))
+        engine.start()
+        steps = 0
+        original = engine._apply
+
+        def counting(plan: Any) -> None:
+            nonlocal steps
+            steps += 1
+            original(plan)
+        engine._apply = counting  # type: ignore[method-assign]
+        seqs = [seq(max_tokens=20) for _ in range(8)]
+        for s in seqs:
+            engine.submit(s)
+        await finish_all(engine, seqs)
+        await engine.stop()
+        return steps, [len(s.output) for s in seqs]
+    steps, lengths = run(main())
+    assert lengths == [20] * 8
+    assert steps <= 21, f"8 sequences of 20 tokens took {steps} steps: they did not share steps"
+
+
+def test_requests_wait_when_the_kv_cache_is_full_and_preempt_when_it_cannot_grow() -> None:
+    async def main() -> tuple[int, int, Engine, list[Sequence]]:
+        # 4 blocks of 16 tokens; each prompt needs 2 blocks, so only 2 fit at once.
+        engine = Engine(EngineConfig(num_blocks=4, **ZERO))
+        seqs = [seq(prompt=20, max_tokens=30) for _ in range(3)]
+        for s in seqs:
+            engine.submit(s)
+        engine._admit()
+        running, waiting = len(engine.running), engine.num_waiting
+        engine.start()
+        await finish_all(engine, seqs)
+        await engine.stop()
+        return running, waiting, engine, seqs
+    running, waiting, engine, seqs = run(main())
+    assert (running, waiting) == (2, 1)
+    assert engine.stats.preemptions >= 1, "two growing sequences cannot both fit 50 tokens in 4 blocks"
+    assert [len(s.output) for s in seqs] == [30, 30, 30], "preempted sequences are recomputed and finish"
+    assert engine.free_blocks == 4
+
+
+def test_abort_frees_blocks_at_once() -> None:
+    async def main() -> Engine:
+        engine = Engine(EngineConfig(num_blocks=10, decode_base_s=0.01, decode_per_seq_s=0.0, prefill_per_token_s=0))
+        engine.start()
+        s = seq(prompt=40, max_tokens=1000)
+        engine.submit(s)
+        while not s.output:
+            s.wake.clear()
+            await s.wake.wait()
+        assert engine.free_blocks < 10
+        engine.abort(s)
+        await engine.stop()
+        return engine
+    engine = run(main())
+    assert engine.free_blocks == 10
+    assert engine.stats.aborted == 1 and not engine.running
+
+
+def test_priority_policy_serves_lower_values_first() -> None:
+    async def main() -> list[str]:
+        engine = Engine(EngineConfig(max_num_seqs=1, scheduling_policy="priority", **ZERO))
+        order: list[str] = []
+        engine._on_finish = lambda s: order.append(s.request_id)
+        for name, prio in (("late-low", 5), ("urgent", 0), ("middle", 2)):
+            s = seq(max_tokens=3, priority=prio)
+            s.request_id = name
+            engine.submit(s)
+        engine.start()
+        while len(order) < 3:
+            await asyncio.sleep(0.001)
+        await engine.stop()
+        return order
+    assert run(main()) == ["urgent", "middle", "late-low"]
+
+
+def test_stop_strings_and_determinism() -> None:
+    async def main() -> tuple[list[str], list[str], Sequence]:
+        engine = Engine(EngineConfig(**ZERO))
+        engine.start()
+        a, b = seq(max_tokens=40), seq(max_tokens=40)
+        engine.submit(a)
+        engine.submit(b)
+        await finish_all(engine, [a, b])
+        word = a.output[5]
+        c = seq(max_tokens=40, stop=(word,))
+        engine.submit(c)
+        await finish_all(engine, [c])
+        await engine.stop()
+        return a.output, b.output, c
+    a, b, c = run(main())
+    assert a == b, "same seed and prompt, same answer"
+    assert c.finish_reason == "stop"
+    full = "".join(a)
+    assert c.text == full[:full.find(a[5])], "the answer ends right before the stop string"
+
+
+def test_eos_respects_min_tokens_and_ignore_eos() -> None:
+    async def main() -> tuple[Sequence, Sequence]:
+        engine = Engine(EngineConfig(mean_output_tokens=1, **ZERO))
+        engine.start()
+        early, forced = seq(max_tokens=50, min_tokens=7), seq(max_tokens=50, ignore_eos=True)
+        engine.submit(early)
+        engine.submit(forced)
+        await finish_all(engine, [early, forced])
+        await engine.stop()
+        return early, forced
+    early, forced = run(main())
+    assert len(early.output) == 7 and early.finish_reason == "stop"
+    assert len(forced.output) == 50 and forced.finish_reason == "length"
