@@ -274,10 +274,9 @@ class Generation:
                                 (b"cache-control", b"no-cache")]})
         head = orjson.dumps({"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                              "created": self.created, "model": self.server.model})[:-1]
-        if self.chat:
-            first = head + b',"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,' \
-                           b'"finish_reason":null}]}'
-            await send({"type": "http.response.body", "body": b"data: " + first + b"\n\n", "more_body": True})
+        # Like vLLM, the chat role chunk goes out with the first token, not before it.
+        opening = (b"data: " + head + b',"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+                   b'"logprobs":null,"finish_reason":null}]}\n\n') if self.chat else b""
         sent = 0
         while True:
             seq.wake.clear()
@@ -296,6 +295,9 @@ class Generation:
                 parts.append(b"data: " + head + b',"choices":[],"usage":' + orjson.dumps(self._usage()) + b"}\n\n")
             if done:
                 parts.append(b"data: [DONE]\n\n")
+            if opening:
+                parts.insert(0, opening)
+                opening = b""
             await send({"type": "http.response.body", "body": b"".join(parts), "more_body": not done})
             if done:
                 return
