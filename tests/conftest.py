@@ -3,71 +3,23 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from gateway.auth import hash_key
-from workers.vllm.cpu import free_port
+from loadtest import procs as procs_
+from loadtest.procs import ROOT, Proc
 
-ROOT = Path(__file__).resolve().parent.parent
+__all__ = ["ROOT", "Proc"]
 DEMO_KEY = "tg-test-demo-key"
 PREMIUM_KEY = "tg-test-premium-key"
 BATCH_KEY = "tg-test-batch-key"
 ADMIN_TOKEN = "tg-test-admin-token"
-
-
-@dataclass
-class Proc:
-    process: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, sig)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(5)
-
-    def kill(self) -> None:
-        self.stop(signal.SIGKILL)
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-
-def _start(cmd: list[str], port: int, log: Path, ready_path: str, timeout: float = 20.0) -> Proc:
-    with open(log, "wb") as sink:
-        process = subprocess.Popen(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    proc = Proc(process, port, log)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{cmd} exited with {process.returncode}:\n{proc.output()}")
-        try:
-            if httpx.get(proc.url + ready_path, timeout=0.5).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    raise TimeoutError(f"{cmd} not ready in {timeout}s:\n{proc.output()}")
 
 
 @pytest.fixture
@@ -76,9 +28,7 @@ def start_sim(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
     procs: list[Proc] = []
 
     def start(*flags: str, model: str = "sim-llama-8b", port: int | None = None, ready: str = "/health") -> Proc:
-        port = port or free_port()
-        cmd = [sys.executable, "-m", "workers.sim", "--port", str(port), "--model", model, *flags]
-        proc = _start(cmd, port, tmp_path / f"sim-{port}.log", ready)
+        proc = procs_.start_sim(tmp_path, *flags, model=model, port=port, ready=ready)
         procs.append(proc)
         return proc
 
@@ -110,16 +60,11 @@ def policy_dict(workers: list[str], model: str = "sim-llama-8b", **pool: Any) ->
 
 @pytest.fixture
 def start_gateway(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
-    """Start a gateway process on a policy dict; the policy file stays at proc.policy_path."""
+    """Start a gateway process on a policy dict; its policy file is proc.extra["policy_path"]."""
     procs: list[Proc] = []
 
     def start(policy: dict[str, Any], ready: str = "/readyz") -> Proc:
-        port = free_port()
-        path = tmp_path / f"policy-{port}.yaml"
-        path.write_text(yaml.safe_dump(policy))
-        cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--port", str(port)]
-        proc = _start(cmd, port, tmp_path / f"gateway-{port}.log", ready)
-        proc.policy_path = path  # type: ignore[attr-defined]
+        proc = procs_.start_gateway(tmp_path, policy, ready=ready)
         procs.append(proc)
         return proc
 

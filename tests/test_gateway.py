@@ -288,7 +288,7 @@ def _admin(gw: Proc, token: str = ADMIN_TOKEN) -> dict[str, str]:
 
 def test_hot_reload_from_file_good_then_bad(one_worker: tuple[Proc, Proc]) -> None:
     _sim, gw = one_worker
-    path = gw.policy_path  # type: ignore[attr-defined]
+    path = gw.extra["policy_path"]
     policy = yaml.safe_load(path.read_text())
     policy["tenants"]["newco"] = {"tier": "premium", "keys": ["sha256:" + hash_key("tg-newco")]}
     path.write_text(yaml.safe_dump(policy))
@@ -308,7 +308,7 @@ def test_hot_reload_from_file_good_then_bad(one_worker: tuple[Proc, Proc]) -> No
 
 def test_admin_put_policy(one_worker: tuple[Proc, Proc]) -> None:
     _sim, gw = one_worker
-    path = gw.policy_path  # type: ignore[attr-defined]
+    path = gw.extra["policy_path"]
     policy = yaml.safe_load(path.read_text())
     policy["tiers"]["standard"]["max_tokens_default"] = 9
     url = gw.url + "/admin/policy"
@@ -330,7 +330,7 @@ def test_admin_put_policy(one_worker: tuple[Proc, Proc]) -> None:
 def test_in_flight_requests_finish_under_their_policy(start_sim: Starter, start_gateway: Starter) -> None:
     sim = start_sim("--decode-base-ms", "20")
     gw = start_gateway(policy_dict([sim.url]))
-    policy = yaml.safe_load(gw.policy_path.read_text())  # type: ignore[attr-defined]
+    policy = yaml.safe_load(gw.extra["policy_path"].read_text())
     del policy["tenants"]["demo"]
     stream = client_for(gw).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                                     max_tokens=60, stream=True)

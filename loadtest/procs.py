@@ -1,0 +1,98 @@
+"""Start and stop local processes (simulated workers, the gateway) and read their CPU time.
+
+Shared by the benchmarks and the tests, so both drive the same real processes over loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from workers.vllm.cpu import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Proc:
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the process so far (from /proc)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(5)
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start(cmd: list[str], port: int, log: Path, ready_path: str, timeout: float = 20.0,
+          cpu: int | None = None) -> Proc:
+    """Start ``cmd`` in its own session (optionally pinned to one CPU) and wait until ready_path answers 200."""
+    if cpu is not None:
+        cmd = ["taskset", "-c", str(cpu), *cmd]
+    with open(log, "wb") as sink:
+        process = subprocess.Popen(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = Proc(process, port, log)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{cmd} exited with {process.returncode}:\n{proc.output()}")
+        try:
+            if httpx.get(proc.url + ready_path, timeout=0.5).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise TimeoutError(f"{cmd} not ready in {timeout}s:\n{proc.output()}")
+
+
+def start_sim(log_dir: Path, *flags: str, model: str = "sim-llama-8b", port: int | None = None,
+              ready: str = "/health", cpu: int | None = None) -> Proc:
+    port = port or free_port()
+    cmd = [sys.executable, "-m", "workers.sim", "--port", str(port), "--model", model, *flags]
+    return start(cmd, port, log_dir / f"sim-{port}.log", ready, cpu=cpu)
+
+
+def start_gateway(log_dir: Path, policy: dict[str, Any], ready: str = "/readyz", cpu: int | None = None) -> Proc:
+    port = free_port()
+    path = log_dir / f"policy-{port}.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--port", str(port)]
+    proc = start(cmd, port, log_dir / f"gateway-{port}.log", ready, cpu=cpu)
+    proc.extra["policy_path"] = path
+    return proc
