@@ -41,7 +41,8 @@ def _serve(policy: Path, host: str, port: int, banner: str | None = None) -> Non
         sys.exit(f"tollgate: {policy} is not a valid policy:\n{exc}")
     listener = start_logging()
     config = uvicorn.Config(create_app(store), host=host, port=port, loop="uvloop", http="httptools",
-                            lifespan="on", access_log=False, log_level="warning", timeout_keep_alive=75)
+                            lifespan="on", access_log=False, log_level="warning", timeout_keep_alive=75,
+                            proxy_headers=False, server_header=False)
     server = uvicorn.Server(config)
     if banner:
         original_startup = server.startup

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 
 log = logging.getLogger("tollgate.workers")
 
@@ -67,14 +67,16 @@ def parse_load(text: bytes) -> dict[str, float]:
     return found
 
 
-async def scrape(worker: Worker, client: httpx.AsyncClient) -> None:
+async def scrape(worker: Worker, session: aiohttp.ClientSession, request_timeout: aiohttp.ClientTimeout) -> None:
     try:
-        health = await client.get(worker.url + "/health")
-        if health.status_code != 200:
-            raise RuntimeError(f"/health answered {health.status_code}")
-        metrics = await client.get(worker.url + "/metrics")
-        load = parse_load(metrics.content) if metrics.status_code == 200 else {}
-    except (httpx.HTTPError, RuntimeError) as exc:
+        async with session.get(worker.url + "/health", timeout=request_timeout) as health:
+            await health.read()
+            if health.status != 200:
+                raise RuntimeError(f"/health answered {health.status}")
+        async with session.get(worker.url + "/metrics", timeout=request_timeout) as metrics:
+            text = await metrics.read()
+            load = parse_load(text) if metrics.status == 200 else {}
+    except (aiohttp.ClientError, TimeoutError, RuntimeError) as exc:
         if worker.healthy:
             log.warning("worker %s failed its health check: %s", worker.url, exc)
         worker.healthy = False
@@ -89,9 +91,9 @@ async def scrape(worker: Worker, client: httpx.AsyncClient) -> None:
         worker.last_error = None
 
 
-async def scrape_forever(workers: list[Worker], client: httpx.AsyncClient, interval: float,
-                         after_round: Callable[[], None]) -> None:
+async def scrape_forever(workers: list[Worker], session: aiohttp.ClientSession, request_timeout: aiohttp.ClientTimeout,
+                         interval: float, after_round: Callable[[], None]) -> None:
     while True:
-        await asyncio.gather(*(scrape(w, client) for w in workers))
+        await asyncio.gather(*(scrape(w, session, request_timeout) for w in workers))
         after_round()
         await asyncio.sleep(interval)
