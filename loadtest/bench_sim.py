@@ -1,8 +1,8 @@
 """Benchmarks of the simulated worker (python -m loadtest.bench_sim).
 
-1. capacity: zero step costs, the sim pinned to one core and the client to the other: non-streaming
-   requests/s and streamed tokens/s, with the sim's own CPU per request. It must never be the
-   bottleneck of a gateway benchmark.
+1. capacity: zero step costs, the sim pinned to one core and the client (this process, the load
+   generator) to the other: non-streaming requests/s and streamed tokens/s, with the CPU per request
+   of each side. Neither may be the bottleneck of a gateway benchmark.
 2. scaling: the calibrated 8B/A100 model, concurrency 1 -> max_num_seqs: total tokens/s rises while
    TPOT grows, as on a GPU.
 3. kv: a small KV cache under more concurrent context than it holds: requests queue
@@ -43,7 +43,9 @@ def spec(concurrency: int, duration: float, max_tokens: int, prompt: int, stream
 
 
 def measure(url: str, s: Spec) -> dict[str, Any]:
+    cpu0 = time.process_time()
     result = asyncio.run(run(s, url))
+    client_cpu = time.process_time() - cpu0
     ok = [r for r in result.results if r.ok]
     tokens = sum(r.output_tokens for r in ok)
     tpot = [r.tpot for r in ok if r.tpot is not None]
@@ -52,7 +54,9 @@ def measure(url: str, s: Spec) -> dict[str, Any]:
             "req_per_s": round(len(ok) / result.elapsed, 1), "tokens_per_s": round(tokens / result.elapsed, 1),
             "tpot_mean_ms": round(sum(tpot) / len(tpot) * 1000, 2) if tpot else None,
             "ttft_p50_ms": round((percentile(ttft, 50) or 0) * 1000, 2),
-            "ttft_p99_ms": round((percentile(ttft, 99) or 0) * 1000, 2), "elapsed_s": round(result.elapsed, 2)}
+            "ttft_p99_ms": round((percentile(ttft, 99) or 0) * 1000, 2), "elapsed_s": round(result.elapsed, 2),
+            "client_cpu_share": round(client_cpu / result.elapsed, 2),
+            "client_cpu_ms_per_request": round(client_cpu / max(len(result.results), 1) * 1000, 3)}
 
 
 def capacity(log_dir: Path) -> dict[str, Any]:
@@ -60,7 +64,9 @@ def capacity(log_dir: Path) -> dict[str, Any]:
     sim = start_sim(log_dir, "--zero-delay", cpu=SERVER_CPU)
     try:
         out = {}
-        for name, s in (("non_stream_c64", spec(64, 8, 16, 32, False)),
+        for name, s in (("non_stream_c1", spec(1, 5, 16, 32, False)),
+                        ("non_stream_c16", spec(16, 5, 16, 32, False)),
+                        ("non_stream_c64", spec(64, 8, 16, 32, False)),
                         ("stream_c64_256tok", spec(64, 8, 256, 32, True))):
             cpu0 = sim.cpu_seconds()
             row = measure(sim.url, s)
