@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -83,16 +84,26 @@ def cmd_up(args: argparse.Namespace) -> None:
     except Exception as exc:  # a bad policy: say so plainly
         sys.exit(f"tollgate: {policy}: {exc}")
     children: list[subprocess.Popen[bytes]] = []
+
+    def terminate(signum: int, frame: object) -> None:
+        # uvicorn re-raises SIGTERM after its own shutdown; exit through `finally` so the workers stop too
+        raise SystemExit(0)
+    signal.signal(signal.SIGTERM, terminate)
     try:
         for port, models in workers:
             if len(set(models)) > 1:
                 sys.exit(f"tollgate: worker port {port} serves several models {models}; the simulator serves one")
+            if _port_in_use(port):
+                sys.exit(f"tollgate: port {port} (a worker in {policy}) is already in use; stop what holds it "
+                         "or change the policy")
             children.append(subprocess.Popen(
                 [sys.executable, "-m", "workers.sim", "--port", str(port), "--model", models[0]],
                 start_new_session=True))
         deadline = time.monotonic() + 15
-        for port, _ in workers:
+        for child, (port, _) in zip(children, workers, strict=True):
             while True:
+                if child.poll() is not None:
+                    sys.exit(f"tollgate: the simulated worker on port {port} exited with {child.returncode}")
                 try:
                     if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
                         break
@@ -118,6 +129,11 @@ def cmd_up(args: argparse.Namespace) -> None:
                 child.wait(5)
             except subprocess.TimeoutExpired:
                 os.killpg(child.pid, signal.SIGKILL)
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def cmd_policy_check(args: argparse.Namespace) -> None:
