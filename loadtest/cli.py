@@ -130,14 +130,16 @@ def _delta(a: float | None, b: float | None) -> str:
 
 
 def find_knee(steps: list[dict[str, float]]) -> int | None:
-    """Index of the first step past capacity: throughput falls behind the offered rate, errors rise, or
-    p95 latency triples over the first step's."""
+    """Index of the first step past capacity: completions fall behind the offered rate, errors pass 1%, or
+    p95 TTFT or p95 total triples over the first step's (queues grow without bound past the knee)."""
     if not steps:
         return None
-    base = steps[0]["p95_total_ms"] or 0.0
+    base_total = steps[0]["p95_total_ms"] or 0.0
+    base_ttft = steps[0].get("p95_ttft_ms") or 0.0
     for i, s in enumerate(steps):
         if (s["achieved_rps"] < 0.9 * s["offered_rps"] or s["error_rate"] > 0.01
-                or (base and s["p95_total_ms"] > 3 * base)):
+                or (base_total and s["p95_total_ms"] > 3 * base_total)
+                or (base_ttft and s.get("p95_ttft_ms", 0.0) > 3 * base_ttft)):
             return i
     return None
 
@@ -153,7 +155,8 @@ def cmd_ramp(args: argparse.Namespace) -> None:
         runs.append(result)
         ok = [r for r in result.results if r.ok]
         steps.append({
-            "offered_rps": rate, "achieved_rps": len(ok) / result.elapsed if result.elapsed else 0.0,
+            # what the step's arrivals got served, per second of the step (the drain after it is not load)
+            "offered_rps": rate, "achieved_rps": len(ok) / spec.ramp.step_s,
             "error_rate": 1 - len(ok) / len(result.results) if result.results else 0.0,
             "p95_ttft_ms": (percentile([r.ttft for r in ok if r.ttft is not None], 95) or 0) * 1000,
             "p95_total_ms": (percentile([r.total for r in ok if r.total is not None], 95) or 0) * 1000,

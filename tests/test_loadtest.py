@@ -78,6 +78,11 @@ def test_knee_detection() -> None:
     assert find_knee([step(10, 10, 100), step(20, 20, 350)]) == 1
     assert find_knee([step(10, 10, 100), step(20, 20, 100, errors=0.05)]) == 1
     assert find_knee([step(10, 10, 100), step(20, 19.5, 110)]) is None
+    ttft_blowup = step(20, 20, 120)
+    ttft_blowup["p95_ttft_ms"] = 31.0
+    first = step(10, 10, 100)
+    first["p95_ttft_ms"] = 10.0
+    assert find_knee([first, ttft_blowup]) == 1
 
 
 BASE = {"name": "t", "arrival": {"mode": "closed", "concurrency": 2}, "duration_s": 1,
