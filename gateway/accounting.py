@@ -83,14 +83,20 @@ def finish(ctx: RequestContext, metrics: GatewayMetrics) -> None:
         metrics.tokens.labels(tier, model, "prompt").inc(ctx.prompt_tokens)
     if ctx.completion_tokens:
         metrics.tokens.labels(tier, model, "completion").inc(ctx.completion_tokens)
+    if ctx.cache:
+        metrics.cache_requests.labels(tier, ctx.cache).inc()
+        if ctx.cache.startswith("hit"):
+            metrics.cache_tokens_saved.labels(tier, "prompt").inc(ctx.prompt_tokens or 0)
+            metrics.cache_tokens_saved.labels(tier, "completion").inc(ctx.completion_tokens or 0)
     if _lines is not None:
         _lines.put({
             "request_id": ctx.request_id, "tenant": ctx.tenant.name if ctx.tenant else None, "tier": tier,
             "model": ctx.model, "endpoint": ctx.endpoint, "stream": ctx.stream, "worker": ctx.worker,
             "attempts": ctx.attempts, "status": ctx.status, "error": ctx.error,
             "prompt_tokens": ctx.prompt_tokens, "completion_tokens": ctx.completion_tokens,
-            "max_tokens": ctx.max_tokens_applied, "policy": ctx.snapshot.digest,
+            "max_tokens": ctx.max_tokens_applied, "cache": ctx.cache, "policy": ctx.snapshot.digest,
             "stages_ms": {name: None if v is None else round(v * 1000, 3) for name, v in (
-                ("queue_wait", t.queue_wait), ("upstream_connect", t.upstream_connect), ("ttft", t.ttft),
+                ("queue_wait", t.queue_wait), ("cache", t.cache), ("upstream_connect", t.upstream_connect),
+                ("ttft", t.ttft),
                 ("tpot", t.tpot), ("total", t.total))},
         })

@@ -10,6 +10,7 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -21,10 +22,15 @@ from starlette.routing import Route
 
 from gateway import accounting, openai_api
 from gateway.auth import authenticate, is_admin
+from gateway.cache import replay
+from gateway.cache.keys import CacheKey, cache_key
+from gateway.cache.service import Lookup, SemanticCache
+from gateway.cache.store import StoreUnavailable
 from gateway.context import RequestContext
 from gateway.metrics import GatewayMetrics
 from gateway.openai_api import ApiError, error_body
 from gateway.policy.loader import PolicyError, PolicySnapshot, PolicyStore
+from gateway.policy.schema import CachePolicy
 from gateway.scheduler import Scheduler
 from gateway.upstream import UpstreamPool, Upstreams, dispatch, relay_body, relay_stream, until_disconnect
 
@@ -52,11 +58,13 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.upstreams = Upstreams(self.metrics)
         self.scheduler = Scheduler()
+        self.cache: SemanticCache | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.upstreams.reconcile(self.store.current.policy.pools)
+        await self._reconcile_cache(self.store.current.policy.cache)
         loop = asyncio.get_running_loop()
         self.store.listeners.append(self._on_policy)
         self.store.rejection_listeners.append(self._on_policy_rejected)
@@ -66,13 +74,28 @@ class Gateway:
         finally:
             for task in self._tasks:
                 task.cancel()
+            if self.cache is not None:
+                await self.cache.close()
             await self.upstreams.close()
 
     def _on_policy(self, snapshot: PolicySnapshot) -> None:
         self.metrics.policy_reloads.labels("ok").inc()
         self.metrics.policy_ok.set(1)
-        task = asyncio.get_running_loop().create_task(self.upstreams.reconcile(snapshot.policy.pools))
-        self._tasks.append(task)
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self.upstreams.reconcile(snapshot.policy.pools)))
+        self._tasks.append(loop.create_task(self._reconcile_cache(snapshot.policy.cache)))
+
+    async def _reconcile_cache(self, spec: CachePolicy) -> None:
+        """Start, keep or replace the cache to match the policy (thresholds etc. are read per request)."""
+        current = self.cache
+        if not spec.enabled:
+            self.cache = None
+        elif current is None or not current.same_backend(spec):
+            cache = SemanticCache(spec, self.metrics)
+            await cache.start()
+            self.cache = cache
+        if current is not None and current is not self.cache:
+            await current.close()
 
     def _on_policy_rejected(self, error: PolicyError) -> None:
         self.metrics.policy_reloads.labels("error").inc()
@@ -114,17 +137,27 @@ class Completions:
                 options = body.get("stream_options") or {}
                 wants_usage = bool(options.get("include_usage"))
                 body["stream_options"] = {**options, "include_usage": True}  # billing needs the usage
+            cached = await self._cache_lookup(ctx, headers, body, out_headers)
+            if cached is not None and cached.hit:
+                await self._serve_hit(ctx, cached, send, out_headers, wants_usage)
+                return
             if route.upstream_model:
                 body["model"] = route.upstream_model
             payload = orjson.dumps(body) if len(raw) <= openai_api.LARGE_BODY else await asyncio.to_thread(
                 orjson.dumps, body)
             pool = gw.upstreams.pools[route.pool]
+            keep = cached is not None and cached.key is not None and cached.store
+            capture: list[bytes] | None = [] if keep else None
             await gw.scheduler.admit(ctx)
             try:
-                left = await until_disconnect(self._forward(ctx, pool, payload, send, out_headers, wants_usage),
-                                              receive)
+                left = await until_disconnect(
+                    self._forward(ctx, pool, payload, send, out_headers, wants_usage, capture), receive)
             finally:
                 gw.scheduler.release(ctx)
+            if capture and not left and ctx.status == 200 and cached is not None and cached.store \
+                    and cached.key is not None and gw.cache is not None:
+                gw.cache.remember(cached.key, self.endpoint, b"".join(capture), ctx.stream, cached.vector,
+                                  ctx.snapshot.policy.cache)
             if left:
                 ctx.status, ctx.error = 499, "client_disconnected"
         except ApiError as exc:
@@ -136,15 +169,76 @@ class Completions:
             accounting.finish(ctx, gw.metrics)
 
     async def _forward(self, ctx: RequestContext, pool: UpstreamPool, payload: bytes, send: Send,
-                       headers: list[tuple[bytes, bytes]], wants_usage: bool) -> None:
+                       headers: list[tuple[bytes, bytes]], wants_usage: bool, capture: list[bytes] | None) -> None:
         worker, response = await dispatch(ctx, pool, self.path, payload)
         try:
             if ctx.stream and response.status == 200:
-                await relay_stream(ctx, worker, response, send, headers, not wants_usage, pool.spec.cooldown_s)
+                await relay_stream(ctx, worker, response, send, headers, not wants_usage, pool.spec.cooldown_s,
+                                   capture)
             else:
-                await relay_body(ctx, worker, response, send, headers, pool.spec.cooldown_s)
+                await relay_body(ctx, worker, response, send, headers, pool.spec.cooldown_s, capture)
         finally:
             worker.inflight -= 1
+
+    async def _cache_lookup(self, ctx: RequestContext, headers: dict[bytes, bytes], body: dict[str, Any],
+                            out_headers: list[tuple[bytes, bytes]]) -> CacheDecision | None:
+        """Look the request up unless it is not cacheable; None when the cache is off."""
+        cache, spec = self.gw.cache, ctx.snapshot.policy.cache
+        if cache is None or not spec.enabled or ctx.tenant is None:
+            return None
+        metrics = self.gw.metrics
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+        key = cache_key(self.endpoint, body, ctx.tenant, ctx.tenant.cache, spec, max_tokens)
+        directive = headers.get(b"cache-control", b"").lower()
+        decision = CacheDecision(key=None if isinstance(key, str) else key, store=b"no-store" not in directive)
+        if isinstance(key, str) or b"no-cache" in directive:
+            ctx.cache = "bypass"
+            metrics.cache_bypass.labels(key if isinstance(key, str) else "no-cache").inc()
+        else:
+            started = time.perf_counter()
+            found = await cache.lookup(key, spec)
+            ctx.timings.cache = time.perf_counter() - started
+            metrics.cache_lookup.labels(found.result).observe(ctx.timings.cache)
+            ctx.cache = found.result
+            if found.result == "bypass":
+                metrics.cache_bypass.labels(found.reason or "unknown").inc()
+            decision.lookup = found
+            decision.vector = found.vector
+        out_headers.append((b"x-tollgate-cache", ctx.cache.encode()))
+        if decision.lookup is not None and decision.lookup.similarity is not None:
+            out_headers.append((b"x-tollgate-cache-similarity", f"{decision.lookup.similarity:.4f}".encode()))
+        return decision
+
+    async def _serve_hit(self, ctx: RequestContext, decision: CacheDecision, send: Send,
+                         headers: list[tuple[bytes, bytes]], wants_usage: bool) -> None:
+        assert decision.lookup is not None and decision.lookup.entry is not None and ctx.model is not None
+        entry, layer = decision.lookup.entry, decision.lookup.result
+        ctx.prompt_tokens, ctx.completion_tokens = entry.prompt_tokens, entry.completion_tokens
+        if ctx.stream:
+            body = replay.sse_body(entry, ctx.model, layer, wants_usage)
+            content_type = b"text/event-stream; charset=utf-8"
+        else:
+            body = replay.json_body(entry, ctx.model, layer)
+            content_type = b"application/json"
+        ctx.timings.ttft = time.perf_counter() - ctx.timings.start
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            *headers, (b"content-type", content_type), (b"content-length", str(len(body)).encode()),
+            (b"cache-control", b"no-cache"), (b"server-timing", ctx.timings.server_timing().encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+@dataclass(slots=True)
+class CacheDecision:
+    """What the cache said about one request: its key (None if not cacheable), the lookup, whether to store."""
+
+    key: CacheKey | None
+    store: bool
+    lookup: Lookup | None = None
+    vector: Any = None
+
+    @property
+    def hit(self) -> bool:
+        return self.lookup is not None and self.lookup.hit
 
 
 async def read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -> bytes:
@@ -239,6 +333,20 @@ def create_app(store: PolicyStore) -> HotPaths:
             return denied
         return json_response(store.status())
 
+    async def purge_cache(request: Request) -> Response:
+        if (denied := admin_guard(request)) is not None:
+            return denied
+        if gw.cache is None:
+            return error_response(409, "The cache is not enabled in the policy.", "cache_disabled")
+        q = request.query_params
+        if not (q.get("tenant") or q.get("model") or q.get("id") or q.get("all") == "true"):
+            return error_response(400, "Say what to purge: tenant=, model=, id= or all=true.", "missing_selector")
+        try:
+            purged = await gw.cache.purge(q.get("tenant"), q.get("model"), q.get("id"))
+        except StoreUnavailable:
+            return error_response(503, "The cache store is unreachable.", "cache_store_down", "server_error")
+        return json_response({"purged": purged})
+
     async def not_found(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         message = {404: f"No route for {request.url.path}.", 405: f"{request.method} is not allowed here."}
@@ -256,6 +364,7 @@ def create_app(store: PolicyStore) -> HotPaths:
             Route("/metrics", metrics, methods=["GET"]),
             Route("/admin/policy", put_policy, methods=["PUT"]),
             Route("/admin/policy/status", policy_status, methods=["GET"]),
+            Route("/admin/cache", purge_cache, methods=["DELETE"]),
         ],
         exception_handlers={404: not_found, 405: not_found},
         lifespan=gw.lifespan,

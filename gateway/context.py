@@ -12,13 +12,14 @@ from gateway.policy.loader import PolicySnapshot, TenantView
 class Timings:
     """Stage durations in seconds; None where a stage did not happen.
 
-    queue_wait: admission wait in the scheduler; upstream_connect: dispatch until the worker's
+    queue_wait: admission wait in the scheduler; cache: the cache lookup; upstream_connect: dispatch until the worker's
     response headers; ttft: request arrival until the first upstream body byte; tpot: mean gap
     between output tokens after the first; total: arrival until the last byte was sent.
     """
 
     start: float = field(default_factory=time.perf_counter)
     queue_wait: float | None = None
+    cache: float | None = None
     upstream_connect: float | None = None
     ttft: float | None = None
     tpot: float | None = None
@@ -26,7 +27,7 @@ class Timings:
 
     def server_timing(self) -> str:
         parts = []
-        for name in ("queue_wait", "upstream_connect", "ttft", "tpot", "total"):
+        for name in ("queue_wait", "cache", "upstream_connect", "ttft", "tpot", "total"):
             value = getattr(self, name)
             if value is not None:
                 parts.append(f"{name};dur={value * 1000:.3f}")
@@ -49,6 +50,7 @@ class RequestContext:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     max_tokens_applied: str | None = None
+    cache: str | None = None  # hit-exact | hit-semantic | miss | bypass
 
     @property
     def tier(self) -> str:

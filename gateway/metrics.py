@@ -42,6 +42,20 @@ class GatewayMetrics:
         self.policy_ok = Gauge("tollgate_policy_last_reload_ok", "0 while the last policy offered was rejected.",
                                registry=r)
         self.policy_ok.set(1)
+        self.cache_requests = Counter("tollgate_cache_requests", "Cache outcomes: hit-exact, hit-semantic, miss, "
+                                      "bypass.", ["tier", "result"], registry=r)
+        self.cache_bypass = Counter("tollgate_cache_bypass", "Requests the cache did not look up, by reason.",
+                                    ["reason"], registry=r)
+        self.cache_rejections = Counter("tollgate_cache_verifier_rejections", "Semantic candidates the near-miss "
+                                        "verifier refused, by reason.", ["reason"], registry=r)
+        self.cache_lookup = Histogram("tollgate_cache_lookup_seconds", "Cache lookup time.", ["result"],
+                                      buckets=FAST_BUCKETS, registry=r)
+        self.cache_tokens_saved = Counter("tollgate_cache_tokens_saved", "Tokens answered from the cache.",
+                                          ["tier", "direction"], registry=r)
+        self.cache_store_up = Gauge("tollgate_cache_store_up", "0 while the cache store is unreachable.", registry=r)
+        self.cache_store_errors = Counter("tollgate_cache_store_errors", "Cache writes deferred: store down.",
+                                          registry=r)
+        self.cache_entries = Gauge("tollgate_cache_entries", "Entries in this replica's semantic index.", registry=r)
         self._children: dict[tuple[str, str], tuple[object, ...]] = {}
 
     def stage_children(self, tier: str, model: str) -> tuple:  # type: ignore[type-arg]

@@ -278,8 +278,11 @@ def _sse_error(message: str) -> bytes:
 
 
 async def relay_stream(ctx: RequestContext, worker: Worker, response: aiohttp.ClientResponse, send: Send,
-                       headers: list[tuple[bytes, bytes]], strip_usage: bool, cooldown_s: float) -> None:
-    """Forward an SSE response; the response head waits for the first upstream byte (its Server-Timing)."""
+                       headers: list[tuple[bytes, bytes]], strip_usage: bool, cooldown_s: float,
+                       capture: list[bytes] | None = None) -> None:
+    """Forward an SSE response; the response head waits for the first upstream byte (its Server-Timing).
+
+    With ``capture``, every upstream read is also kept (for the cache to store the answer after [DONE])."""
     scanner = SSEScanner(strip_usage)
     content = response.content
     broken: str | None = None
@@ -301,6 +304,8 @@ async def relay_stream(ctx: RequestContext, worker: Worker, response: aiohttp.Cl
             await send({"type": "http.response.body", "body": out, "more_body": True})
         try:
             while chunk := await content.readany():
+                if capture is not None:
+                    capture.append(chunk)
                 out = scanner.feed(chunk)
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
@@ -321,7 +326,8 @@ async def relay_stream(ctx: RequestContext, worker: Worker, response: aiohttp.Cl
 
 
 async def relay_body(ctx: RequestContext, worker: Worker, response: aiohttp.ClientResponse, send: Send,
-                     headers: list[tuple[bytes, bytes]], cooldown_s: float) -> None:
+                     headers: list[tuple[bytes, bytes]], cooldown_s: float,
+                     capture: list[bytes] | None = None) -> None:
     """Forward a whole (non-streamed) response, reading its usage for accounting."""
     try:
         body = await response.read()
@@ -333,6 +339,8 @@ async def relay_body(ctx: RequestContext, worker: Worker, response: aiohttp.Clie
     response.release()
     ctx.timings.ttft = time.perf_counter() - ctx.timings.start
     ctx.status = response.status
+    if capture is not None and response.status == 200:
+        capture.append(body)
     if response.status == 200:
         try:
             parsed = await asyncio.to_thread(orjson.loads, body) if len(body) > 262_144 else orjson.loads(body)

@@ -47,6 +47,7 @@ class TenantView:
     max_tokens_default: int
     max_tokens_cap: int
     on_exceed: str
+    cache: bool = True  # False: opted out of the response cache
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -72,7 +73,7 @@ class PolicySnapshot:
                 models=None if "*" in tenant.models else frozenset(tenant.models),
                 max_tokens_default=tier.max_tokens_default,
                 max_tokens_cap=tenant.max_tokens_cap or tier.max_tokens_cap,
-                on_exceed=tier.on_exceed,
+                on_exceed=tier.on_exceed, cache=tenant.cache,
             )
             tenants[name] = view
             for key in tenant.keys:

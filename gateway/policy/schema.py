@@ -42,6 +42,7 @@ class Tenant(Strict):
     keys: list[str] = Field(default_factory=list, description="API keys as 'sha256:<hex>'; never in clear")
     models: list[str] = Field(default_factory=lambda: ["*"], description="allowed model names; '*' for all")
     max_tokens_cap: int | None = Field(None, ge=1, description="overrides the tier's cap for this tenant")
+    cache: bool = Field(True, description="false opts the tenant out of the response cache")
 
     @field_validator("keys")
     @classmethod
@@ -100,6 +101,28 @@ class WorkerSpec(Strict):
     pipeline_parallel_size: int = Field(1, ge=1)
 
 
+class CachePolicy(Strict):
+    """The response cache: an exact layer, then a semantic layer (embeddings + faiss + the near-miss verifier)."""
+
+    enabled: bool = False
+    store: Literal["memory", "redis"] = Field("memory", description="redis: shared by every gateway replica")
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    threshold: float = Field(0.95, ge=0.5, le=1.0, description="cosine similarity needed for a semantic hit")
+    verifier: bool = Field(True, description="reject near-misses (numbers, units, negation, entities, ...)")
+    ttl_s: float = Field(86_400, gt=0)
+    max_entries_per_tenant: int = Field(10_000, ge=1)
+    max_temperature: float = Field(0.7, ge=0, le=2, description="requests sampled hotter are not cached")
+    multi_turn: bool = Field(False, description="cache conversations with more than one user turn")
+    tools: bool = Field(False, description="cache requests that carry tools or functions")
+    lookup_text: Literal["last_user", "all_user"] = "last_user"
+    semantic_languages: list[str] = Field(default_factory=lambda: ["en"],
+                                          description="languages the embedder covers; others use the exact layer")
+    hnsw_above: int = Field(20_000, ge=100, description="entries in a scope before its index switches to HNSW")
+    lookup_timeout_ms: float = Field(250, gt=0, description="a slower lookup is abandoned (bypass)")
+    batch_max: int = Field(32, ge=1, le=256)
+    batch_wait_ms: float = Field(2.0, ge=0, le=50)
+
+
 class Policy(Strict):
     version: Literal[1] = 1
     server: Server = Server()
@@ -108,6 +131,7 @@ class Policy(Strict):
     models: dict[Name, ModelRoute] = Field(default_factory=dict)
     pools: dict[Name, Pool] = Field(default_factory=dict)
     workers: dict[Name, WorkerSpec] = Field(default_factory=dict)
+    cache: CachePolicy = CachePolicy()
 
 
 def cross_reference_errors(policy: Policy) -> list[tuple[str, str]]:

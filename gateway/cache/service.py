@@ -1,0 +1,261 @@
+"""The response cache: exact layer, then semantic layer; lookup, storing, replica sync, purge.
+
+Failure rule: the cache may only ever make a request faster. A lookup that errors or runs past its
+timeout is a bypass; a store that is down is skipped for a second at a time (so requests do not each
+pay the timeout) and writes made meanwhile wait in a bounded buffer until it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from gateway.cache.embedder import Embedder, MiniLMEmbedder
+from gateway.cache.index import VectorIndex
+from gateway.cache.keys import CacheKey
+from gateway.cache.replay import answer_from_json, answer_from_sse
+from gateway.cache.store import CacheStore, Entry, MemoryStore, RedisStore, StoreUnavailable
+from gateway.cache.verifier import verify
+from gateway.metrics import GatewayMetrics
+from gateway.policy.schema import CachePolicy
+
+log = logging.getLogger("tollgate.cache")
+
+
+@dataclass(slots=True)
+class Lookup:
+    result: str  # hit-exact | hit-semantic | miss | bypass
+    entry: Entry | None = None
+    similarity: float | None = None
+    vector: np.ndarray | None = None
+    reason: str | None = None
+
+    @property
+    def hit(self) -> bool:
+        return self.entry is not None
+
+
+class SemanticCache:
+    def __init__(self, spec: CachePolicy, metrics: GatewayMetrics, embedder: Embedder | None = None) -> None:
+        self.spec = spec
+        self.metrics = metrics
+        self.store: CacheStore = RedisStore(spec.redis_url) if spec.store == "redis" else MemoryStore()
+        self.embedder = embedder
+        self.index: VectorIndex | None = None
+        self._down_until = 0.0
+        self._last_warning = 0.0
+        self._pending: collections.deque[Entry] = collections.deque(maxlen=1000)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sync: asyncio.Task[None] | None = None
+
+    def same_backend(self, spec: CachePolicy) -> bool:
+        return (spec.store, spec.redis_url, spec.batch_max, spec.batch_wait_ms) == (
+            self.spec.store, self.spec.redis_url, self.spec.batch_max, self.spec.batch_wait_ms)
+
+    async def start(self) -> None:
+        if self.embedder is None:
+            self.embedder = await asyncio.to_thread(MiniLMEmbedder, self.spec.batch_max,
+                                                    self.spec.batch_wait_ms / 1000)
+        self.index = VectorIndex(self.embedder.dim, self.spec.hnsw_above)
+        if self.store.shared:
+            self._sync = asyncio.get_running_loop().create_task(self._follow())
+        else:
+            self.metrics.cache_store_up.set(1)
+
+    async def close(self) -> None:
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+        if self._sync:
+            self._sync.cancel()
+        await self.store.close()
+        if self.embedder is not None:
+            self.embedder.close()
+
+    # -- the store, guarded -----------------------------------------------------------------------------
+
+    async def _guarded(self, call):  # type: ignore[no-untyped-def]
+        if time.monotonic() < self._down_until:
+            call.close()
+            raise StoreUnavailable("recently unreachable")
+        try:
+            result = await call
+        except StoreUnavailable as exc:
+            self._mark_down(str(exc))
+            raise
+        self.metrics.cache_store_up.set(1)
+        return result
+
+    def _mark_down(self, why: str) -> None:
+        self._down_until = time.monotonic() + 1.0
+        self.metrics.cache_store_up.set(0)
+        if time.monotonic() - self._last_warning > 10:
+            self._last_warning = time.monotonic()
+            log.warning("cache store unreachable, bypassing the cache: %s", why)
+
+    # -- lookup -----------------------------------------------------------------------------------------
+
+    async def lookup(self, key: CacheKey, spec: CachePolicy) -> Lookup:
+        try:
+            async with asyncio.timeout(spec.lookup_timeout_ms / 1000):
+                return await self._lookup(key, spec)
+        except StoreUnavailable:
+            return Lookup("bypass", reason="store_down")
+        except TimeoutError:
+            return Lookup("bypass", reason="timeout")
+
+    def _fits(self, entry: Entry, key: CacheKey) -> bool:
+        """An answer fits if it is no longer than asked, and one cut at max_tokens was cut at the same one."""
+        return entry.scope == key.scope and entry.completion_tokens <= key.max_tokens and (
+            entry.finish_reason != "length" or entry.max_tokens == key.max_tokens)
+
+    async def _lookup(self, key: CacheKey, spec: CachePolicy) -> Lookup:
+        assert self.index is not None and self.embedder is not None
+        entry = await self._guarded(self.store.get_exact(key.exact))
+        if entry is not None and self._fits(entry, key):
+            self._background(self._guarded(self.store.touch(entry)))
+            return Lookup("hit-exact", entry, 1.0)
+        if not key.semantic:
+            return Lookup("miss", reason=f"language:{key.language}")
+        vector = await self.embedder.embed(key.text)
+        index = self.index
+        if index.size(key.scope) > 4096:
+            candidates = await asyncio.to_thread(index.search, key.scope, vector)
+        else:
+            candidates = index.search(key.scope, vector)
+        now = time.time()
+        for entry_id, score in candidates:
+            if score < spec.threshold:
+                break
+            if index.expires.get(entry_id, 0) <= now:
+                index.remove(entry_id)
+                continue
+            entry = await self._guarded(self.store.get(entry_id))
+            if entry is None:
+                index.remove(entry_id)  # expired or evicted elsewhere
+                continue
+            if spec.verifier:
+                reason = verify(key.text, entry.question)
+                if reason is not None:
+                    self.metrics.cache_rejections.labels(reason).inc()
+                    continue
+            if not self._fits(entry, key):
+                continue
+            self._background(self._guarded(self.store.touch(entry)))
+            return Lookup("hit-semantic", entry, score, vector)
+        return Lookup("miss", vector=vector)
+
+    # -- storing ----------------------------------------------------------------------------------------
+
+    def remember(self, key: CacheKey, endpoint: str, payload: bytes, streamed: bool, vector: np.ndarray | None,
+                 spec: CachePolicy) -> None:
+        """Store a complete answer in the background (the client already has it)."""
+        self._background(self._remember(key, endpoint, payload, streamed, vector, spec))
+
+    async def _remember(self, key: CacheKey, endpoint: str, payload: bytes, streamed: bool,
+                        vector: np.ndarray | None, spec: CachePolicy) -> None:
+        parse = answer_from_sse if streamed else answer_from_json
+        try:
+            parsed = await asyncio.to_thread(parse, endpoint, payload)
+        except ValueError:
+            return
+        if parsed is None:
+            return
+        text, finish, usage = parsed
+        if finish not in ("stop", "length"):
+            return
+        if vector is None and key.semantic:
+            assert self.embedder is not None
+            vector = await self.embedder.embed(key.text)
+        entry = Entry(tenant=key.tenant, model=key.model, endpoint=endpoint, scope=key.scope, exact=key.exact,
+                      question=key.text, answer=text, finish_reason=finish,
+                      prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                      completion_tokens=int(usage.get("completion_tokens") or 0), max_tokens=key.max_tokens,
+                      expires=time.time() + spec.ttl_s, vector=vector)
+        await self._put(entry, spec.max_entries_per_tenant)
+
+    async def _put(self, entry: Entry, max_per_tenant: int) -> None:
+        assert self.index is not None
+        try:
+            evicted = await self._guarded(self.store.put(entry, max_per_tenant))
+        except StoreUnavailable:
+            self._pending.append(entry)  # written when the store is back
+            self.metrics.cache_store_errors.inc()
+            return
+        if entry.vector is not None:
+            self.index.add(entry.id, entry.scope, entry.vector, entry.expires)
+        for entry_id in evicted:
+            self.index.remove(entry_id)
+        self.metrics.cache_entries.set(len(self.index))
+
+    async def flush_pending(self) -> None:
+        while self._pending:
+            entry = self._pending.popleft()
+            if entry.alive():
+                await self._put(entry, self.spec.max_entries_per_tenant)
+                if time.monotonic() < self._down_until:
+                    return
+
+    def _background(self, coro) -> None:  # type: ignore[no-untyped-def]
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(_forget(self._tasks))
+
+    # -- admin ------------------------------------------------------------------------------------------
+
+    async def purge(self, tenant: str | None = None, model: str | None = None, entry_id: str | None = None) -> int:
+        assert self.index is not None
+        ids = [entry_id] if entry_id else await self._guarded(self.store.select(tenant, model))
+        await self._guarded(self.store.delete(ids))
+        for i in ids:
+            self.index.remove(i)
+        self.metrics.cache_entries.set(len(self.index))
+        return len(ids)
+
+    # -- replicas ---------------------------------------------------------------------------------------
+
+    async def _follow(self) -> None:
+        """Rebuild this replica's index from the shared store, then follow its stream of inserts/deletes."""
+        assert isinstance(self.store, RedisStore) and self.embedder is not None
+        while True:
+            try:
+                cursor = await self.store.last_event_id()
+                fresh = VectorIndex(self.embedder.dim, self.spec.hnsw_above)
+                async for entry in self.store.scan():
+                    if entry.vector is not None:
+                        fresh.add(entry.id, entry.scope, entry.vector, entry.expires)
+                self.index = fresh
+                self.metrics.cache_entries.set(len(fresh))
+                self._down_until = 0.0
+                self.metrics.cache_store_up.set(1)
+                log.info("cache index rebuilt from the shared store: %d entries", len(fresh))
+                await self.flush_pending()
+                while True:
+                    events, cursor = await self.store.events(cursor, block_ms=1000)
+                    for op, entry_id in events:
+                        if op == "del":
+                            self.index.remove(entry_id)
+                        elif entry_id not in self.index:
+                            entry = await self.store.get(entry_id)
+                            if entry is not None and entry.vector is not None:
+                                self.index.add(entry.id, entry.scope, entry.vector, entry.expires)
+                    if events:
+                        self.metrics.cache_entries.set(len(self.index))
+                    if self._pending:
+                        await self.flush_pending()
+            except StoreUnavailable as exc:
+                self._mark_down(str(exc))
+                await asyncio.sleep(1.0)
+
+
+def _forget(tasks: set[asyncio.Task[None]]):  # type: ignore[no-untyped-def]
+    def done(task: asyncio.Task[None]) -> None:
+        tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and not isinstance(task.exception(),
+                                                                                     StoreUnavailable):
+            log.error("cache background task failed", exc_info=task.exception())
+    return done

@@ -1,0 +1,259 @@
+"""Where cache entries live: in process (the embedded default) or in Redis (shared by every replica).
+
+Both keep, per entry: the question, its embedding, the answer, the scope and the expiry, plus an exact
+key and a per-tenant LRU. The Redis store also writes every insert and delete to a stream, from which
+each replica keeps its own faiss index in step (and rebuilds it at start from the entries themselves).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+
+@dataclass
+class Entry:
+    tenant: str
+    model: str
+    endpoint: str
+    scope: str
+    exact: str
+    question: str
+    answer: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    max_tokens: int
+    expires: float
+    vector: np.ndarray | None = None
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: float = field(default_factory=time.time)
+
+    def alive(self, now: float | None = None) -> bool:
+        return (now or time.time()) < self.expires
+
+    def to_redis(self) -> dict[str, bytes | str]:
+        out: dict[str, bytes | str] = {k: str(v) for k, v in self.__dict__.items() if k != "vector"}
+        if self.vector is not None:
+            out["vector"] = self.vector.astype(np.float32).tobytes()
+        return out
+
+    @classmethod
+    def from_redis(cls, data: dict[bytes, bytes]) -> Entry:
+        d = {k.decode(): v for k, v in data.items()}
+        vector = np.frombuffer(d["vector"], dtype=np.float32).copy() if "vector" in d else None
+        text = {k: v.decode() for k, v in d.items() if k != "vector"}
+        return cls(tenant=text["tenant"], model=text["model"], endpoint=text["endpoint"], scope=text["scope"],
+                   exact=text["exact"], question=text["question"], answer=text["answer"],
+                   finish_reason=text["finish_reason"], prompt_tokens=int(text["prompt_tokens"]),
+                   completion_tokens=int(text["completion_tokens"]), max_tokens=int(text["max_tokens"]),
+                   expires=float(text["expires"]), vector=vector, id=text["id"], created=float(text["created"]))
+
+
+class StoreUnavailable(Exception):
+    """The store could not be reached; the cache is bypassed, requests are still served."""
+
+
+class CacheStore(Protocol):
+    shared: bool
+
+    async def start(self) -> None: ...
+    async def get(self, entry_id: str) -> Entry | None: ...
+    async def get_exact(self, exact: str) -> Entry | None: ...
+    async def put(self, entry: Entry, max_per_tenant: int) -> list[str]: ...
+    async def touch(self, entry: Entry) -> None: ...
+    async def delete(self, ids: list[str]) -> None: ...
+    async def select(self, tenant: str | None, model: str | None) -> list[str]: ...
+    def scan(self) -> AsyncIterator[Entry]: ...
+    async def events(self, cursor: str, block_ms: int) -> tuple[list[tuple[str, str]], str]: ...
+    async def close(self) -> None: ...
+
+
+class MemoryStore:
+    """The embedded default: one process, nothing shared, nothing kept across restarts."""
+
+    shared = False
+
+    def __init__(self) -> None:
+        self.entries: dict[str, Entry] = {}
+        self.exact: dict[str, str] = {}
+        self.lru: dict[str, OrderedDict[str, None]] = {}
+
+    async def start(self) -> None:
+        return None
+
+    async def get(self, entry_id: str) -> Entry | None:
+        entry = self.entries.get(entry_id)
+        if entry is not None and not entry.alive():
+            await self.delete([entry_id])
+            return None
+        return entry
+
+    async def get_exact(self, exact: str) -> Entry | None:
+        entry_id = self.exact.get(exact)
+        return await self.get(entry_id) if entry_id else None
+
+    async def put(self, entry: Entry, max_per_tenant: int) -> list[str]:
+        self.entries[entry.id] = entry
+        old = self.exact.get(entry.exact)
+        self.exact[entry.exact] = entry.id
+        lru = self.lru.setdefault(entry.tenant, OrderedDict())
+        lru[entry.id] = None
+        evicted = [old] if old and old != entry.id else []
+        while len(lru) > max_per_tenant:
+            evicted.append(lru.popitem(last=False)[0])
+        if evicted:
+            await self.delete(evicted)
+        return evicted
+
+    async def touch(self, entry: Entry) -> None:
+        lru = self.lru.get(entry.tenant)
+        if lru is not None and entry.id in lru:
+            lru.move_to_end(entry.id)
+
+    async def delete(self, ids: list[str]) -> None:
+        for entry_id in ids:
+            entry = self.entries.pop(entry_id, None)
+            if entry is None:
+                continue
+            if self.exact.get(entry.exact) == entry_id:
+                del self.exact[entry.exact]
+            self.lru.get(entry.tenant, OrderedDict()).pop(entry_id, None)
+
+    async def select(self, tenant: str | None, model: str | None) -> list[str]:
+        return [e.id for e in self.entries.values()
+                if (tenant is None or e.tenant == tenant) and (model is None or e.model == model)]
+
+    async def scan(self) -> AsyncIterator[Entry]:
+        for entry in list(self.entries.values()):
+            yield entry
+
+    async def events(self, cursor: str, block_ms: int) -> tuple[list[tuple[str, str]], str]:
+        return [], cursor  # nothing to follow: this process is the only writer
+
+    async def close(self) -> None:
+        return None
+
+
+class RedisStore:
+    """Entries as hashes, an exact-key index, a per-tenant LRU (sorted set) and a replication stream."""
+
+    shared = True
+    PREFIX = "tollgate:cache:"
+    STREAM = PREFIX + "events"
+
+    def __init__(self, url: str, timeout_s: float = 0.25) -> None:
+        import redis.asyncio as redis
+
+        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError, TimeoutError)
+        self.redis = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                          retry_on_timeout=False, health_check_interval=0)
+        self._stream_timeout = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=None)
+
+    async def _call(self, coro: Any) -> Any:
+        try:
+            return await coro
+        except self._errors as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+
+    def _key(self, entry_id: str) -> str:
+        return f"{self.PREFIX}e:{entry_id}"
+
+    async def start(self) -> None:
+        await self._call(self.redis.ping())
+
+    async def get(self, entry_id: str) -> Entry | None:
+        data = await self._call(self.redis.hgetall(self._key(entry_id)))
+        if not data:
+            return None
+        entry = Entry.from_redis(data)
+        return entry if entry.alive() else None
+
+    async def get_exact(self, exact: str) -> Entry | None:
+        entry_id = await self._call(self.redis.get(f"{self.PREFIX}x:{exact}"))
+        return await self.get(entry_id.decode()) if entry_id else None
+
+    async def put(self, entry: Entry, max_per_tenant: int) -> list[str]:
+        ttl = max(1, int(entry.expires - time.time()))
+        lru = f"{self.PREFIX}lru:{entry.tenant}"
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(self._key(entry.id), mapping=entry.to_redis())
+        pipe.expire(self._key(entry.id), ttl)
+        pipe.set(f"{self.PREFIX}x:{entry.exact}", entry.id, ex=ttl)
+        pipe.zadd(lru, {entry.id: time.time()})
+        pipe.xadd(self.STREAM, {"op": "put", "id": entry.id}, maxlen=100_000, approximate=True)
+        pipe.zcard(lru)
+        results = await self._call(pipe.execute())
+        overflow = int(results[-1]) - max_per_tenant
+        if overflow <= 0:
+            return []
+        popped = await self._call(self.redis.zpopmin(lru, overflow))
+        evicted = [member.decode() for member, _ in popped]
+        await self.delete(evicted)
+        return evicted
+
+    async def touch(self, entry: Entry) -> None:
+        await self._call(self.redis.zadd(f"{self.PREFIX}lru:{entry.tenant}", {entry.id: time.time()}, xx=True))
+
+    async def delete(self, ids: list[str]) -> None:
+        if not ids:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for entry_id in ids:
+            pipe.hmget(self._key(entry_id), ["tenant", "exact"])
+        found = await self._call(pipe.execute())
+        pipe = self.redis.pipeline(transaction=True)
+        for entry_id, (tenant, exact) in zip(ids, found, strict=True):
+            pipe.delete(self._key(entry_id))
+            if exact:
+                # only if the exact key still points here
+                pipe.eval("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end "
+                          "return 0", 1, f"{self.PREFIX}x:{exact.decode()}", entry_id)
+            if tenant:
+                pipe.zrem(f"{self.PREFIX}lru:{tenant.decode()}", entry_id)
+            pipe.xadd(self.STREAM, {"op": "del", "id": entry_id}, maxlen=100_000, approximate=True)
+        await self._call(pipe.execute())
+
+    async def select(self, tenant: str | None, model: str | None) -> list[str]:
+        ids = []
+        async for entry in self.scan():
+            if (tenant is None or entry.tenant == tenant) and (model is None or entry.model == model):
+                ids.append(entry.id)
+        return ids
+
+    async def scan(self) -> AsyncIterator[Entry]:
+        try:
+            async for key in self.redis.scan_iter(match=f"{self.PREFIX}e:*", count=500):
+                data = await self.redis.hgetall(key)
+                if data:
+                    entry = Entry.from_redis(data)
+                    if entry.alive():
+                        yield entry
+        except self._errors as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+
+    async def last_event_id(self) -> str:
+        info = await self._call(self.redis.xrevrange(self.STREAM, count=1))
+        return info[0][0].decode() if info else "0-0"
+
+    async def events(self, cursor: str, block_ms: int) -> tuple[list[tuple[str, str]], str]:
+        try:
+            reply = await self._stream_timeout.xread({self.STREAM: cursor}, block=block_ms, count=500)
+        except self._errors as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+        out = []
+        for _, messages in reply or []:
+            for message_id, fields in messages:
+                cursor = message_id.decode()
+                out.append((fields[b"op"].decode(), fields[b"id"].decode()))
+        return out, cursor
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+        await self._stream_timeout.aclose()
