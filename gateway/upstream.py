@@ -299,6 +299,8 @@ async def relay_stream(ctx: RequestContext, worker: Worker, response: aiohttp.Cl
             *headers, (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"), (b"server-timing", ctx.timings.server_timing().encode()),
         ]})
+        if capture is not None:
+            capture.append(first)
         out = scanner.feed(first)
         if out:
             await send({"type": "http.response.body", "body": out, "more_body": True})

@@ -88,11 +88,12 @@ def start_sim(log_dir: Path, *flags: str, model: str = "sim-llama-8b", port: int
     return start(cmd, port, log_dir / f"sim-{port}.log", ready, cpu=cpu)
 
 
-def start_gateway(log_dir: Path, policy: dict[str, Any], ready: str = "/readyz", cpu: int | None = None) -> Proc:
+def start_gateway(log_dir: Path, policy: dict[str, Any], ready: str = "/readyz", cpu: int | None = None,
+                  timeout: float = 60.0) -> Proc:
     port = free_port()
     path = log_dir / f"policy-{port}.yaml"
     path.write_text(yaml.safe_dump(policy))
     cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--port", str(port)]
-    proc = start(cmd, port, log_dir / f"gateway-{port}.log", ready, cpu=cpu)
+    proc = start(cmd, port, log_dir / f"gateway-{port}.log", ready, timeout=timeout, cpu=cpu)
     proc.extra["policy_path"] = path
     return proc

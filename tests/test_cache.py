@@ -1,0 +1,258 @@
+"""The response cache through real gateways: hits and misses, isolation, streaming, Redis sharing and outage.
+
+Uses the real all-MiniLM-L6-v2 model (loaded by each cache-enabled gateway) and real Redis.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.auth import hash_key
+from tests.conftest import ADMIN_TOKEN, DEMO_KEY, PREMIUM_KEY, Proc, metric_value, policy_dict, wait_for
+from workers.vllm.cpu import free_port
+
+MODEL = "sim-llama-8b"
+Starter = Callable[..., Proc]
+OPTOUT_KEY = "tg-test-optout-key"
+
+
+def cache_policy(worker: str, **cache: Any) -> dict[str, Any]:
+    policy = policy_dict([worker])
+    policy["models"]["other-model"]["upstream_model"] = MODEL
+    policy["tenants"]["prem"]["models"] = [MODEL, "other-model"]
+    policy["tenants"]["optout"] = {"tier": "standard", "keys": ["sha256:" + hash_key(OPTOUT_KEY)], "cache": False}
+    policy["cache"] = {"enabled": True, **cache}
+    return policy
+
+
+def ask(gw: Proc, question: str, key: str = DEMO_KEY, headers: dict[str, str] | None = None,
+        **body: Any) -> httpx.Response:
+    payload = {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 8, **body}
+    return httpx.post(gw.url + "/v1/chat/completions", json=payload, timeout=30,
+                      headers={"authorization": f"Bearer {key}", **(headers or {})})
+
+
+def answer(response: httpx.Response) -> str:
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["message"]["content"]
+
+
+def cached_after(gw: Proc, question: str, expect: str = "hit-exact", **kw: Any) -> httpx.Response:
+    """Ask until the answer stored in the background is served (storing happens after the response)."""
+    response = ask(gw, question, **kw)
+    deadline = time.monotonic() + 10
+    while response.headers.get("x-tollgate-cache") != expect and time.monotonic() < deadline:
+        time.sleep(0.1)
+        response = ask(gw, question, **kw)
+    return response
+
+
+@pytest.fixture
+def cached_gateway(start_sim: Starter, start_gateway: Starter) -> Proc:
+    sim = start_sim("--zero-delay")
+    return start_gateway(cache_policy(sim.url))
+
+
+def test_exact_semantic_and_near_miss(cached_gateway: Proc) -> None:
+    gw = cached_gateway
+    first = ask(gw, "How do I reset my router?")
+    assert first.headers["x-tollgate-cache"] == "miss"
+    assert "cache;dur=" in first.headers["server-timing"]
+    exact = cached_after(gw, "How do I reset my router?")
+    assert answer(exact) == answer(first)
+    assert exact.json()["usage"]["cached"] is True
+    assert exact.json()["usage"]["completion_tokens"] == first.json()["usage"]["completion_tokens"]
+    assert exact.json()["id"] != first.json()["id"], "a fresh id for every answer"
+    assert exact.headers["x-tollgate-cache-similarity"] == "1.0000"
+
+    paraphrase = ask(gw, "How can I reset my router?")
+    assert paraphrase.headers["x-tollgate-cache"] == "hit-semantic"
+    assert float(paraphrase.headers["x-tollgate-cache-similarity"]) >= 0.95
+    assert answer(paraphrase) == answer(first)
+
+    ask(gw, "Convert 10 km to miles")
+    cached_after(gw, "Convert 10 km to miles")
+    near_miss = ask(gw, "Convert 10 miles to km")
+    assert near_miss.headers["x-tollgate-cache"] == "miss", "cosine ~0.99, but the answer differs"
+    assert metric_value(gw.url, "tollgate_cache_verifier_rejections_total", reason="direction") >= 1
+    assert metric_value(gw.url, "tollgate_cache_tokens_saved_total", direction="completion") >= 16
+
+    with_client = openai.OpenAI(base_url=gw.url + "/v1", api_key=DEMO_KEY, max_retries=0)
+    hit = with_client.chat.completions.create(model=MODEL, max_tokens=8,
+                                              messages=[{"role": "user", "content": "How do I reset my router?"}])
+    assert hit.choices[0].message.content == answer(first)
+
+
+def test_never_across_tenants_system_prompts_or_models(cached_gateway: Proc) -> None:
+    gw = cached_gateway
+    question = "What is the capital of France?"
+    ask(gw, question)
+    assert cached_after(gw, question).headers["x-tollgate-cache"] == "hit-exact"
+    probe = {"cache-control": "no-store"}  # look up, never store: each probe sees only demo's entry
+
+    def result(response: httpx.Response) -> str:
+        return response.headers["x-tollgate-cache"]
+    assert result(ask(gw, "What is the capital of France ?", headers=probe)) == "hit-semantic", "same tenant"
+    assert result(ask(gw, question, key=PREMIUM_KEY, headers=probe)) == "miss", "another tenant"
+    assert result(ask(gw, "What is the capital of France ?", key=PREMIUM_KEY, headers=probe)) == "miss"
+
+    def with_system(text: str) -> httpx.Response:
+        return httpx.post(gw.url + "/v1/chat/completions", timeout=30,
+                          headers={"authorization": f"Bearer {DEMO_KEY}", **probe},
+                          json={"model": MODEL, "max_tokens": 8, "messages": [
+                              {"role": "system", "content": text}, {"role": "user", "content": question}]})
+    assert result(with_system("Answer in French.")) == "miss", "another system prompt"
+    assert result(ask(gw, question, model="other-model", headers=probe)) == "miss", "another model"
+    assert result(ask(gw, question, temperature=0.0, headers=probe)) == "miss", "other sampling"
+
+
+def test_what_is_not_cached(cached_gateway: Proc) -> None:
+    gw = cached_gateway
+    assert ask(gw, "hello there", temperature=1.5).headers["x-tollgate-cache"] == "bypass"
+    assert ask(gw, "hello there", key=OPTOUT_KEY).headers["x-tollgate-cache"] == "bypass"
+    multi = httpx.post(gw.url + "/v1/chat/completions", timeout=30, headers={"authorization": f"Bearer {DEMO_KEY}"},
+                       json={"model": MODEL, "max_tokens": 8, "messages": [
+                           {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                           {"role": "user", "content": "how are you?"}]})
+    assert multi.headers["x-tollgate-cache"] == "bypass"
+    tools = ask(gw, "weather?", tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
+    assert tools.headers["x-tollgate-cache"] == "bypass"
+    assert metric_value(gw.url, "tollgate_cache_bypass_total", reason="multi_turn") == 1
+    # no-store: answered, never stored; no-cache: not looked up (but stored)
+    ask(gw, "Tell me a fact about owls", headers={"cache-control": "no-store"})
+    time.sleep(0.5)
+    assert ask(gw, "Tell me a fact about owls").headers["x-tollgate-cache"] == "miss"
+    cached_after(gw, "Tell me a fact about owls")
+    assert ask(gw, "Tell me a fact about owls", headers={"cache-control": "no-cache"}).headers[
+        "x-tollgate-cache"] == "bypass"
+    # a shorter max_tokens than the stored answer is not served from it
+    assert ask(gw, "Tell me a fact about owls", max_tokens=3).headers["x-tollgate-cache"] == "miss"
+
+
+def test_korean_uses_the_exact_layer_only(cached_gateway: Proc) -> None:
+    gw = cached_gateway
+    ask(gw, "서울 날씨 어때요?")
+    hit = cached_after(gw, "서울 날씨 어때요?")
+    assert hit.headers["x-tollgate-cache"] == "hit-exact"
+    other = ask(gw, "부산 날씨 어때요?")
+    assert other.headers["x-tollgate-cache"] == "miss"
+    assert float(other.headers["server-timing"].split("cache;dur=")[1].split(",")[0]) < 5, "no embedding computed"
+
+
+def test_streamed_answers_are_stored_and_replayed(cached_gateway: Proc) -> None:
+    gw = cached_gateway
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=DEMO_KEY, max_retries=0)
+    messages = [{"role": "user", "content": "Explain what a load balancer does"}]
+    first = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=12, stream=True) if c.choices)
+    assert wait_for(lambda: ask(gw, messages[0]["content"], max_tokens=12).headers["x-tollgate-cache"] == "hit-exact")
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages, max_tokens=12,
+                                                           stream=True, stream_options={"include_usage": True})
+    assert raw.headers["x-tollgate-cache"] == "hit-exact"
+    chunks = list(raw.parse())
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == first
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+    assert chunks[-2].choices[0].finish_reason == "length"
+    bypassed = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, max_tokens=12, stream=True, extra_headers={"cache-control": "no-cache"})
+    assert bypassed.headers["x-tollgate-cache"] == "bypass"
+
+
+def test_errors_and_cut_answers_are_not_stored(start_sim: Starter, start_gateway: Starter) -> None:
+    sim = start_sim("--decode-base-ms", "20")
+    gw = start_gateway(cache_policy(sim.url))
+    httpx.post(sim.url + "/sim/faults", json={"error_rate": 1.0, "error_statuses": [500]})
+    assert ask(gw, "What is an error budget?").status_code == 500  # one worker: its error is forwarded
+    httpx.post(sim.url + "/sim/faults", json={"error_rate": 0})
+    assert ask(gw, "What is an error budget?").headers["x-tollgate-cache"] == "miss", "the error was not stored"
+
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Describe the water cycle"}], "max_tokens": 200,
+            "stream": True}
+    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=30,
+                      headers={"authorization": f"Bearer {DEMO_KEY}"}) as response:
+        next(response.iter_raw())
+    time.sleep(1.0)
+    assert ask(gw, "Describe the water cycle", max_tokens=200).headers["x-tollgate-cache"] == "miss"
+
+
+def test_lru_limit_and_admin_purge(start_sim: Starter, start_gateway: Starter) -> None:
+    sim = start_sim("--zero-delay")
+    gw = start_gateway(cache_policy(sim.url, max_entries_per_tenant=2))
+    for q in ("first question about owls", "second question about cats", "third question about dogs"):
+        ask(gw, q)
+        cached_after(gw, q)
+    assert ask(gw, "first question about owls").headers["x-tollgate-cache"] == "miss", "evicted (LRU, 2 per tenant)"
+    assert ask(gw, "third question about dogs").headers["x-tollgate-cache"] == "hit-exact"
+    admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    assert httpx.delete(gw.url + "/admin/cache", params={"tenant": "demo"}).status_code == 401
+    assert httpx.delete(gw.url + "/admin/cache", headers=admin).status_code == 400
+    purged = httpx.delete(gw.url + "/admin/cache", params={"tenant": "demo"}, headers=admin)
+    assert purged.status_code == 200 and purged.json()["purged"] >= 2
+    assert ask(gw, "third question about dogs").headers["x-tollgate-cache"] == "miss"
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[Callable[[], None]]:
+    """A redis-server of this test's own on a free port; yields a restart function (same port, empty)."""
+    port = free_port()
+    binary = shutil.which("redis-server") or "redis-server"
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> None:
+        procs.append(subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                       "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL))
+        assert wait_for(lambda: _redis_up(port), timeout=10)
+
+    def stop() -> None:
+        procs[-1].terminate()
+        procs[-1].wait(10)
+
+    start()
+    start.port = port  # type: ignore[attr-defined]
+    start.stop = stop  # type: ignore[attr-defined]
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+
+
+def _redis_up(port: int) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis(port=port, socket_connect_timeout=0.2).ping())
+    except redis.RedisError:
+        return False
+
+
+def test_two_gateways_share_one_redis_and_survive_its_outage(start_sim: Starter, start_gateway: Starter,
+                                                             own_redis: Any) -> None:
+    sim = start_sim("--zero-delay")
+    policy = cache_policy(sim.url, store="redis", redis_url=f"redis://127.0.0.1:{own_redis.port}/0")
+    a, b = start_gateway(policy), start_gateway(policy)
+    stored = answer(ask(a, "What is a service mesh?"))
+    shared = cached_after(b, "What is a service mesh?")
+    assert shared.headers["x-tollgate-cache"] == "hit-exact" and answer(shared) == stored
+    assert wait_for(lambda: ask(b, "What's a service mesh?").headers["x-tollgate-cache"] == "hit-semantic"), \
+        "B's index followed A's insert"
+
+    own_redis.stop()
+    down = ask(a, "What is a service mesh?")
+    assert down.status_code == 200 and down.headers["x-tollgate-cache"] == "bypass", "served without the cache"
+    assert metric_value(a.url, "tollgate_cache_store_up") == 0
+    assert ask(b, "Another question while Redis is down").status_code == 200
+
+    own_redis()  # back, empty
+    assert wait_for(lambda: ask(a, "What is observability?").headers["x-tollgate-cache"] in ("miss", "hit-exact"),
+                    timeout=15)
+    assert wait_for(lambda: ask(b, "What is observability?").headers["x-tollgate-cache"] == "hit-exact", timeout=15)
+    assert metric_value(b.url, "tollgate_cache_store_up") == 1
