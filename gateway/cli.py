@@ -173,6 +173,15 @@ def cmd_worker_render(args: argparse.Namespace) -> None:
     print(shell_command(spec) if args.format == "shell" else json.dumps(container_args(spec), indent=2))
 
 
+def cmd_cache_eval(args: argparse.Namespace) -> None:
+    from gateway.cache.evaluate import GPTCACHE, PAIRS, report
+
+    text, results = report(args.threshold, Path(args.data or GPTCACHE), Path(args.pairs or PAIRS))
+    print(text)
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2, ensure_ascii=False))
+
+
 def cmd_sim(args: argparse.Namespace) -> None:
     from workers.sim.cli import run
 
@@ -216,6 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--policy", default=DEFAULT_POLICY)
     render.add_argument("--format", choices=("shell", "k8s"), default="shell")
     render.set_defaults(func=cmd_worker_render)
+
+    cache = sub.add_parser("cache", help="response cache tools").add_subparsers(dest="cache_command", required=True)
+    evaluate = cache.add_parser("eval", help="quality report: hit rate, wrong and near-miss hits, verifier on/off")
+    evaluate.add_argument("--threshold", type=float, default=0.95)
+    evaluate.add_argument("--data", help="GPTCache mock_data.json (default: ../shared/data/gptcache_mock_data.json)")
+    evaluate.add_argument("--pairs", help="near-miss/paraphrase YAML (default: loadtest/data/cache_pairs.yaml)")
+    evaluate.add_argument("--out", help="also write the figures as JSON here")
+    evaluate.set_defaults(func=cmd_cache_eval)
 
     try:
         from loadtest.cli import add_parser as add_loadtest

@@ -72,6 +72,8 @@ _UNITS = {
     "deg": ("degree", "degrees", "°", "도"), "rad": ("radian", "radians"),
 }
 _UNIT_OF = {spelling: unit for unit, spellings in _UNITS.items() for spelling in spellings}
+# Korean units are glued to what follows ("킬로미터인가요"): matched by prefix, longest first.
+_KO_UNITS = sorted((sp for sp in _UNIT_OF if "\uac00" <= sp[0] <= "\ud7a3" and len(sp) > 1), key=len, reverse=True)
 # Words that are units only next to a number ("in", "w", "v", "min", "second", "day" are ordinary words too).
 _UNIT_NEEDS_NUMBER = {"in", "w", "v", "bar", "min", "sec", "second", "seconds", "day", "days", "week", "weeks",
                       "month", "months", "year", "years", "hour", "hours", "g", "m", "c", "f", "k", "도", "분",
@@ -308,6 +310,8 @@ def features(text: str) -> Features:
         elif tok in _NUMBER_WORDS and not (tok == "one" and i + 1 < len(tokens) and tokens[i + 1] in ("of",)):
             numbers.append(_NUMBER_WORDS[tok])
         unit = _UNIT_OF.get(tok)
+        if unit is None and "\uac00" <= tok[0] <= "\ud7a3":
+            unit = next((_UNIT_OF[sp] for sp in _KO_UNITS if tok.startswith(sp)), None)
         if unit is not None:
             near_number = any(t[0].isdigit() or t in _NUMBER_WORDS for t in tokens[max(0, i - 2): i + 1])
             if tok not in _UNIT_NEEDS_NUMBER or near_number or _conversion_context(tokens, i):
@@ -333,18 +337,27 @@ def _conversion_context(tokens: tuple[str, ...], i: int) -> bool:
 
 
 def _entities(text: str, tokens: tuple[str, ...]) -> frozenset[str]:
+    """Names: all-caps words, words mixing letters and digits, capitalised words that do not open a sentence
+    (an opening word is a name only if it is not a common word), and known places."""
     found = set()
-    words = re.findall(r"[A-Za-z][A-Za-z0-9\-+.#]*", unicodedata.normalize("NFKC", text))
-    for i, word in enumerate(words):
-        lower = " ".join(_TOKEN.findall(_normalise(word.rstrip("."))))
-        if not lower:
+    normal = unicodedata.normalize("NFKC", text)
+    lower_words = set(re.findall(r"(?<![A-Za-z])[a-z][a-z]+", normal))
+    for match in re.finditer(r"[A-Za-z][A-Za-z0-9\-+.#]*", normal):
+        word = match.group().rstrip(".")
+        lower = " ".join(_TOKEN.findall(_normalise(word)))
+        if not lower or lower == "i":
             continue
-        if (word.isupper() and len(word) >= 2 and lower not in ("i", "am", "pm", "ok")) or (word[0].isupper() and (i > 0 or lower not in _COMMON_STARTERS) and lower != "i"):
+        before = normal[: match.start()].rstrip(" \"'`*([")
+        opens_sentence = not before or before[-1] in ".?!:\n"
+        if word.isupper() and len(word) >= 2 and lower not in ("am", "pm", "ok"):
             found.add(lower)
         elif any(c.isdigit() for c in word) and any(c.isalpha() for c in word):
             found.add(lower)  # gpt-4, python3, iphone15
-    joined = " ".join(tokens)
-    found.update(p for p in _PLACES if (" " in p and p in joined) or p in tokens)
+        elif word[0].isupper() and word.lower() not in lower_words and (
+                not opens_sentence or lower not in _COMMON_STARTERS | _FILLER):
+            found.add(lower)
+    joined = f" {' '.join(tokens)} "
+    found.update(p for p in _PLACES if f" {p} " in joined)
     return frozenset(found)
 
 
@@ -376,15 +389,19 @@ def verify(query: str, candidate: str) -> str | None:
         return "unit" if sorted(q.units) != sorted(c.units) else "direction"
     if q.negations != c.negations:
         return "negation"
-    if _swapped(q.polar, c.polar, q.tokens, c.tokens):
+    short = max(len(q.tokens), len(c.tokens)) <= _SHORT
+    if _swapped(q.polar, c.polar, q.tokens, c.tokens, short):
         return "antonym"
     if q.times != c.times:
         return "time"
-    if _swapped(q.comparatives, c.comparatives, q.tokens, c.tokens):
+    if _swapped(q.comparatives, c.comparatives, q.tokens, c.tokens, short):
         return "comparative"
     q_text, c_text = f" {' '.join(q.tokens)} ", f" {' '.join(c.tokens)} "
     if any(f" {e} " not in c_text for e in q.entities) or any(f" {e} " not in q_text for e in c.entities):
         return "entity"
+    if not short:
+        return None
+    # Question-length text: one word carries the meaning, so wording changes are checked too.
     if _preposition_object_swap(q.tokens, c.tokens):
         return "entity"
     if _operands_swapped(q.tokens, c.tokens, q.entities | c.entities):
@@ -394,13 +411,13 @@ def verify(query: str, candidate: str) -> str | None:
     return None
 
 
-def _swapped(a: frozenset[str], b: frozenset[str], a_tokens: tuple[str, ...], b_tokens: tuple[str, ...]) -> bool:
-    """A polar word on one side meets its opposite, or a different polar word, on the other.
-
-    One side alone carrying one ('make my site faster' / 'speed up my site') is left to the
-    substitution check: rephrasings add and drop such words."""
+def _swapped(a: frozenset[str], b: frozenset[str], a_tokens: tuple[str, ...], b_tokens: tuple[str, ...],
+             short: bool) -> bool:
+    """A polar word on one side meets its opposite on the other, or (in a question-length text) a
+    different polar word. One side alone carrying one ('make my site faster' / 'speed up my site') is
+    left to the substitution check: rephrasings add and drop such words."""
     only_a, only_b = a - b, b - a
-    if only_a and only_b:
+    if short and only_a and only_b:
         return True
     words_a, words_b = set(a_tokens), set(b_tokens)
     return any(_OPPOSITE.get(w, set()) & words_b for w in only_a) or any(
@@ -417,6 +434,8 @@ def _preposition_object_swap(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
             return True
     return False
 
+
+_SHORT = 20  # tokens: a question rather than a passage
 
 _DIRECTIONAL = {"to", "into", "from", "than", "vs", "versus", "over", "per", "에서", "까지"}
 

@@ -1,0 +1,197 @@
+"""Cache building blocks: verifier reasons, keys and scopes, language detection, index, stores (real Redis),
+and the quality report on the real model."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+from gateway.cache.evaluate import GPTCACHE, PAIRS, gptcache, pairs
+from gateway.cache.index import VectorIndex
+from gateway.cache.keys import cache_key, detect_language
+from gateway.cache.store import Entry, MemoryStore, RedisStore
+from gateway.cache.verifier import verify
+from gateway.policy.loader import TenantView
+from gateway.policy.schema import CachePolicy
+
+TENANT = TenantView("acme", "standard", None, 512, 4096, "clamp")
+
+
+@pytest.mark.parametrize("query, cached, reason", [
+    ("Convert 10 miles to km", "Convert 10 km to miles", "direction"),
+    ("Convert 12 km to miles", "Convert 10 km to miles", "number"),
+    ("Is it not safe to eat raw eggs?", "Is it safe to eat raw eggs?", "negation"),
+    ("How do I sell bitcoin?", "How do I buy bitcoin?", "antonym"),
+    ("Weather in London tomorrow", "Weather in London today", "time"),
+    ("Set an alarm for 7 pm", "Set an alarm for 7 am", "time"),
+    ("What is the slowest sorting algorithm?", "What is the fastest sorting algorithm?", "antonym"),
+    ("Which is the safest car?", "Which is the fastest car?", "comparative"),
+    ("What's the weather in Manchester today?", "What's the weather in London today?", "entity"),
+    ("How do I peel an orange?", "How do I peel an apple?", "substitution"),
+    ("부산의 날씨는 어때요?", "서울의 날씨는 어때요?", "entity"),
+    ("오후 7시에 알람 맞춰줘", "오전 7시에 알람 맞춰줘", "antonym"),
+    ("10마일은 몇 킬로미터인가요?", "10킬로미터는 몇 마일인가요?", "direction"),
+])
+def test_verifier_names_the_difference(query: str, cached: str, reason: str) -> None:
+    assert verify(query, cached) == reason
+
+
+@pytest.mark.parametrize("query, cached", [
+    ("How can I reset my router?", "How do I reset my router?"),
+    ("Who was the painter of the Mona Lisa?", "Who painted the Mona Lisa?"),
+    ("How do I list every file in a directory with Python?", "How to list all files in a directory in Python"),
+    ("What's the capital city of France?", "What is the capital of France?"),
+    ("How can I speed up my website?", "How do I make my website faster?"),
+])
+def test_verifier_lets_paraphrases_through(query: str, cached: str) -> None:
+    assert verify(query, cached) is None
+
+
+def test_language_detection() -> None:
+    assert detect_language("서울 날씨 어때요?") == "ko"
+    assert detect_language("What is the weather in Seoul?") == "en"
+    assert detect_language("Quel est le temps à Paris aujourd'hui pour la semaine?") == "fr"
+    assert detect_language("東京の天気") == "zh-ja"
+
+
+def chat(question: str, system: str | None = None, **extra: Any) -> dict[str, Any]:
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
+    return {"model": "m", "messages": messages, **extra}
+
+
+def test_scopes_separate_what_must_not_be_shared() -> None:
+    spec = CachePolicy(enabled=True)
+    base = cache_key("chat", chat("hi there"), TENANT, True, spec, 100)
+    assert not isinstance(base, str)
+    other_tenant = TenantView("globex", "standard", None, 512, 4096, "clamp")
+    for variant in (cache_key("chat", chat("hi there"), other_tenant, True, spec, 100),
+                    cache_key("chat", chat("hi there", system="Be terse."), TENANT, True, spec, 100),
+                    cache_key("chat", {**chat("hi there"), "model": "m2"}, TENANT, True, spec, 100),
+                    cache_key("chat", chat("hi there", temperature=0), TENANT, True, spec, 100),
+                    cache_key("chat", chat("hi there", response_format={"type": "json_object"}), TENANT, True, spec,
+                              100),
+                    cache_key("completions", {"model": "m", "prompt": "hi there"}, TENANT, True, spec, 100)):
+        assert not isinstance(variant, str) and variant.scope != base.scope
+    same = cache_key("chat", chat("  hi   there "), TENANT, True, spec, 100)
+    assert not isinstance(same, str) and (same.scope, same.exact) == (base.scope, base.exact)
+    assert cache_key("chat", chat("hi", temperature=1.2), TENANT, True, spec, 100) == "temperature"
+    assert cache_key("chat", chat("hi", n=2), TENANT, True, spec, 100) == "n_gt_1"
+    assert cache_key("chat", chat("hi"), TENANT, False, spec, 100) == "tenant_opt_out"
+    multi = {"model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                                        {"role": "user", "content": "c"}]}
+    assert cache_key("chat", multi, TENANT, True, spec, 100) == "multi_turn"
+    allowed = cache_key("chat", multi, TENANT, True, CachePolicy(enabled=True, multi_turn=True), 100)
+    other_history = {"model": "m", "messages": [
+        {"role": "user", "content": "x"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]}
+    allowed2 = cache_key("chat", other_history, TENANT, True, CachePolicy(enabled=True, multi_turn=True), 100)
+    assert not isinstance(allowed, str) and not isinstance(allowed2, str) and allowed.scope != allowed2.scope, \
+        "a multi-turn answer is only reused after the same earlier turns"
+    korean = cache_key("chat", chat("서울 날씨 어때요?"), TENANT, True, spec, 100)
+    assert not isinstance(korean, str) and korean.language == "ko" and not korean.semantic
+
+
+def _vec(seed: int, dim: int = 16) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal(dim).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def test_index_scopes_removal_and_hnsw_switch() -> None:
+    index = VectorIndex(16, hnsw_above=100)
+    for i in range(150):
+        index.add(f"e{i}", "s1" if i % 2 == 0 else "s2", _vec(i), time.time() + 60)
+    assert index.scopes["s2"].flat and index.size("s2") == 75
+    assert index.search("s1", _vec(10))[0] == ("e10", pytest.approx(1.0, abs=1e-5))
+    assert all(entry_id != "e11" for entry_id, _ in index.search("s1", _vec(11))), "never across scopes"
+    for i in range(100, 160, 2):  # s1: 75 + 30 entries, past hnsw_above=100
+        index.add(f"x{i}", "s1", _vec(1000 + i), time.time() + 60)
+    assert not index.scopes["s1"].flat, "switched to HNSW past hnsw_above"
+    assert index.search("s1", _vec(10))[0][0] == "e10"
+    index.remove("e10")
+    assert all(entry_id != "e10" for entry_id, _ in index.search("s1", _vec(10)))
+
+
+def _entry(tenant: str = "acme", question: str = "q", ttl: float = 60) -> Entry:
+    return Entry(tenant=tenant, model="m", endpoint="chat", scope="s", exact=f"x-{question}", question=question,
+                 answer="a", finish_reason="stop", prompt_tokens=3, completion_tokens=2, max_tokens=10,
+                 expires=time.time() + ttl, vector=_vec(len(question)))
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest) -> Any:
+    if request.param == "memory":
+        return MemoryStore()
+    redis.Redis(db=15).flushdb()
+    return RedisStore("redis://127.0.0.1:6379/15")
+
+
+def test_store_lru_ttl_exact_and_events(store: Any) -> None:
+    async def main() -> None:
+        await store.start()
+        cursor = await store.last_event_id() if isinstance(store, RedisStore) else "0-0"
+        first, second, third = _entry(question="one"), _entry(question="two"), _entry(question="three")
+        assert await store.put(first, 2) == []
+        assert await store.put(second, 2) == []
+        await store.touch(first)  # first is now the most recently used
+        assert await store.put(third, 2) == [second.id], "LRU eviction per tenant"
+        assert (await store.get_exact("x-one")).answer == "a"
+        assert await store.get(second.id) is None
+        assert await store.put(_entry(tenant="other", question="four"), 2) == [], "limits are per tenant"
+        stored = await store.get(first.id)
+        assert stored is not None and np.allclose(stored.vector, first.vector)
+        short = _entry(question="brief", ttl=0.5)
+        await store.put(short, 10)
+        await asyncio.sleep(1.2)
+        assert await store.get(short.id) is None, "expired"
+        assert sorted(await store.select("acme", None)) == sorted([first.id, third.id])
+        if isinstance(store, RedisStore):
+            events, _ = await store.events(cursor, block_ms=100)
+            assert ("put", first.id) in events and ("del", second.id) in events
+        await store.close()
+    asyncio.run(main())
+
+
+def test_redis_store_down_raises_store_unavailable() -> None:
+    from gateway.cache.store import StoreUnavailable
+
+    async def main() -> None:
+        dead = RedisStore("redis://127.0.0.1:1/0")
+        with pytest.raises(StoreUnavailable):
+            await dead.get_exact("x")
+        await dead.close()
+    asyncio.run(main())
+
+
+@pytest.fixture(scope="module")
+def embedder() -> Any:
+    from gateway.cache.embedder import MiniLMEmbedder
+
+    model = MiniLMEmbedder()
+    yield model
+    model.close()
+
+
+def test_quality_on_the_hand_written_pairs(embedder: Any) -> None:
+    near, para = pairs(embedder, PAIRS)
+    assert len(near) >= 100 and len(para) >= 100
+    above = [r for r in near if r.cosine >= 0.95]
+    assert len(above) >= 30, "the set exercises the threshold"
+    served = [(r.a, r.b) for r in above if r.rejected_by is None]
+    assert served == [], "no near-miss may be served with the verifier on"
+    kept = sum(r.cosine >= 0.95 and r.rejected_by is None for r in para)
+    assert kept >= sum(r.cosine >= 0.95 for r in para) - 3, "the verifier keeps paraphrase hits"
+
+
+def test_quality_on_gptcache_pairs(embedder: Any) -> None:
+    if not GPTCACHE.exists():
+        pytest.fail(f"{GPTCACHE} is missing (shared/data)")
+    result = gptcache(embedder, GPTCACHE, 0.95)
+    off, on = result["verifier_off"], result["verifier_on"]
+    assert off["right_original"] > 350, "the embedder and index find the rewrites"
+    assert on["wrong_original_on_top"] < off["wrong_original_on_top"]
+    assert on["false_hit_rate_own_left_out"] < off["false_hit_rate_own_left_out"]
+    assert on["hit_rate"] > 0.2
