@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gateway.cache.embedder import Embedder, MiniLMEmbedder
+from gateway.cache.embedder import Embedder, ProcessEmbedder
 from gateway.cache.index import VectorIndex
 from gateway.cache.keys import CacheKey
 from gateway.cache.replay import answer_from_json, answer_from_sse
@@ -59,7 +59,7 @@ class SemanticCache:
 
     async def start(self) -> None:
         if self.embedder is None:
-            self.embedder = await asyncio.to_thread(MiniLMEmbedder, self.spec.batch_max,
+            self.embedder = await asyncio.to_thread(ProcessEmbedder, self.spec.batch_max,
                                                     self.spec.batch_wait_ms / 1000)
         self.index = VectorIndex(self.embedder.dim, self.spec.hnsw_above)
         if self.store.shared:
@@ -107,6 +107,9 @@ class SemanticCache:
             return Lookup("bypass", reason="store_down")
         except TimeoutError:
             return Lookup("bypass", reason="timeout")
+        except Exception:  # the cache may only make a request faster, never fail it
+            log.exception("cache lookup failed; bypassing")
+            return Lookup("bypass", reason="error")
 
     def _fits(self, entry: Entry, key: CacheKey) -> bool:
         """An answer fits if it is no longer than asked, and one cut at max_tokens was cut at the same one."""

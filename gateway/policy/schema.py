@@ -120,7 +120,8 @@ class CachePolicy(Strict):
     hnsw_above: int = Field(20_000, ge=100, description="entries in a scope before its index switches to HNSW")
     lookup_timeout_ms: float = Field(250, gt=0, description="a slower lookup is abandoned (bypass)")
     batch_max: int = Field(32, ge=1, le=256)
-    batch_wait_ms: float = Field(2.0, ge=0, le=50)
+    batch_wait_ms: float = Field(0.0, ge=0, le=50, description="extra wait to grow an embedding batch; 0 takes "
+                                 "what is queued (batches still form while the model is busy)")
 
 
 class Policy(Strict):
