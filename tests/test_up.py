@@ -34,7 +34,7 @@ def test_up_serves_the_demo_key_and_stops_its_workers(tmp_path: Path) -> None:
                               start_new_session=True)
     url = f"http://127.0.0.1:{gateway_port}"
     try:
-        assert wait_for(lambda: _ready(url), timeout=30), (tmp_path / "up.log").read_text()
+        assert wait_for(lambda: _ready(url), timeout=90), (tmp_path / "up.log").read_text()
         banner = (tmp_path / "up.log").read_text()
         assert f"{url}/v1" in banner and "tg-demo-key-change-me" in banner
         workers = set().union(*(_pids_of(f"workers.sim --port {p}") for p in ports))
