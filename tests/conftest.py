@@ -79,8 +79,9 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from workers.vllm.cpu import start_vllm_cpu
 
     cache = tmp_path_factory.mktemp("vllm")
+    # 2048 tokens of context, so a request can run for seconds (abort tests need that margin on a CPU)
     server = start_vllm_cpu(model_dir=Path(os.environ.get("TOLLGATE_TINY_MODEL", cache / "tiny-llama")),
-                            log_path=cache / "vllm.log")
+                            max_model_len=2048, log_path=cache / "vllm.log")
     yield server
     server.stop()
 

@@ -16,13 +16,14 @@ import pytest
 from tests.conftest import Proc, metric_value, wait_for
 
 MODEL = "tiny-llama"
+MAX_LEN = 2048
 JSON = {"content-type": "application/json"}
 
 
 @pytest.fixture(params=["sim", pytest.param("vllm", marks=pytest.mark.vllm)])
 def backend(request: pytest.FixtureRequest, start_sim: Callable[..., Proc]) -> Iterator[str]:
     if request.param == "sim":
-        yield start_sim("--max-model-len", "512", "--decode-base-ms", "5", model=MODEL).url
+        yield start_sim("--max-model-len", str(MAX_LEN), "--decode-base-ms", "5", model=MODEL).url
     else:
         yield request.getfixturevalue("vllm_server").url
 
@@ -44,7 +45,7 @@ def test_endpoints(backend: str) -> None:
     models = httpx.get(backend + "/v1/models").json()
     assert models["object"] == "list"
     assert [m["id"] for m in models["data"]] == [MODEL]
-    assert models["data"][0]["max_model_len"] == 512
+    assert models["data"][0]["max_model_len"] == MAX_LEN
 
     chat = httpx.post(backend + "/v1/chat/completions", json=chat_body(max_tokens=7)).json()
     assert chat["object"] == "chat.completion"
@@ -62,7 +63,7 @@ def test_endpoints(backend: str) -> None:
 
     tokens = httpx.post(backend + "/tokenize", json={"model": MODEL, "prompt": "hello world"}).json()
     assert tokens["count"] == len(tokens["tokens"]) > 0
-    assert tokens["max_model_len"] == 512
+    assert tokens["max_model_len"] == MAX_LEN
 
 
 def test_openai_client_stream_and_non_stream(backend: str) -> None:
@@ -127,12 +128,12 @@ def _assert_error(response: httpx.Response, status: int) -> dict[str, Any]:
 
 
 def test_error_shapes(backend: str) -> None:
-    too_long = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 2000}], "max_tokens": 5}
+    too_long = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 3000}], "max_tokens": 5}
     error = _assert_error(httpx.post(backend + "/v1/chat/completions", json=too_long), 400)
     assert error["type"] == "BadRequestError"
-    assert "maximum context length is 512" in error["message"]
+    assert f"maximum context length is {MAX_LEN}" in error["message"]
 
-    too_many = chat_body(max_tokens=600)
+    too_many = chat_body(max_tokens=MAX_LEN + 100)
     error = _assert_error(httpx.post(backend + "/v1/chat/completions", json=too_many), 400)
     assert error["param"] == "max_tokens"
 
@@ -169,14 +170,15 @@ def test_metric_names(backend: str) -> None:
 def test_abort_on_disconnect(backend: str) -> None:
     finished_before = metric_value(backend, "vllm:request_success_total")
     generated_before = metric_value(backend, "vllm:generation_tokens_total")
-    body = chat_body(max_tokens=480, stream=True)
+    body = chat_body(max_tokens=1900, stream=True)
     with httpx.Client(timeout=30) as client, client.stream("POST", backend + "/v1/chat/completions",
                                                            json=body) as response:
         first = next(response.iter_raw())
     assert first.startswith(b"data: ")
     # Leaving the block closed the connection mid-stream: the worker must stop generating at once.
     assert wait_for(lambda: metric_value(backend, "vllm:num_requests_running") == 0, timeout=15)
-    time.sleep(1.0)  # had it kept going, 480 tokens would be done by now on either backend
+    time.sleep(1.0)
     generated = metric_value(backend, "vllm:generation_tokens_total") - generated_before
-    assert generated < 100, f"the worker went on generating after the client left ({generated} tokens)"
+    # 1,900 tokens take ~3 s on real vLLM here and ~10 s on the sim: a finished request would show them all
+    assert generated < 1000, f"the worker went on generating after the client left ({generated} tokens)"
     assert metric_value(backend, "vllm:request_success_total") == finished_before, "an abort is not a success"
