@@ -29,7 +29,7 @@ from loadtest.procs import start_sim
 from loadtest.runner import run
 from loadtest.spec import Spec
 from loadtest.stats import percentile
-from workers.vllm.cpu import free_port
+from workers.process import free_port
 
 CLIENT_CPU, SERVER_CPU = 1, 0
 

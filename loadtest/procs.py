@@ -9,15 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
-from workers.vllm.cpu import free_port
+from workers.process import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -67,18 +65,12 @@ def start(cmd: list[str], port: int, log: Path, ready_path: str, timeout: float 
     with open(log, "wb") as sink:
         process = subprocess.Popen(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     proc = Proc(process, port, log)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{cmd} exited with {process.returncode}:\n{proc.output()}")
-        try:
-            if httpx.get(proc.url + ready_path, timeout=0.5).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    raise TimeoutError(f"{cmd} not ready in {timeout}s:\n{proc.output()}")
+    try:
+        wait_ready(process, proc.url + ready_path, timeout, log, " ".join(cmd[:4]))
+    except (RuntimeError, TimeoutError):
+        proc.kill()
+        raise
+    return proc
 
 
 def start_sim(log_dir: Path, *flags: str, model: str = "sim-llama-8b", port: int | None = None,

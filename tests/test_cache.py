@@ -18,7 +18,7 @@ import pytest
 
 from gateway.auth import hash_key
 from tests.conftest import ADMIN_TOKEN, DEMO_KEY, PREMIUM_KEY, Proc, metric_value, policy_dict, wait_for
-from workers.vllm.cpu import free_port
+from workers.process import free_port
 
 MODEL = "sim-llama-8b"
 Starter = Callable[..., Proc]

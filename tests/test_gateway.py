@@ -23,7 +23,7 @@ from tests.conftest import (
     policy_dict,
     wait_for,
 )
-from workers.vllm.cpu import free_port
+from workers.process import free_port
 
 MODEL = "sim-llama-8b"
 Starter = Callable[..., Proc]

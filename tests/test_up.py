@@ -13,7 +13,7 @@ import openai
 import yaml
 
 from tests.conftest import ROOT, wait_for
-from workers.vllm.cpu import free_port
+from workers.process import free_port
 
 
 def _pids_of(pattern: str) -> set[int]:

@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -217,10 +218,9 @@ class PolicyStore:
         """Reload when the file changes (mtime, size or inode) and on SIGHUP."""
         loop = asyncio.get_running_loop()
         hup = asyncio.Event()
-        try:
-            loop.add_signal_handler(signal.SIGHUP, hup.set)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass  # not the main thread: file watching still works
+        sighup = getattr(signal, "SIGHUP", None)  # POSIX only; file watching works everywhere
+        if sighup is not None and threading.current_thread() is threading.main_thread():
+            loop.add_signal_handler(sighup, hup.set)
         while True:
             try:
                 await asyncio.wait_for(hup.wait(), interval)

@@ -13,14 +13,12 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from workers.process import free_port, wait_ready
 
 MODEL_FORMAT = 1  # bump when the build below changes, so cached builds are redone
 CHATML = (
@@ -84,12 +82,6 @@ def build_tiny_model(out_dir: Path | None = None) -> Path:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class VLLMServer:
     """A running real vLLM OpenAI server on this machine's CPU."""
@@ -139,15 +131,9 @@ def start_vllm_cpu(model_dir: Path | None = None, served_name: str = "tiny-llama
     with open(log, "wb") as sink:
         process = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     server = VLLMServer(process, port, served_name, log)
-    deadline = time.monotonic() + ready_timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {process.returncode}; log:\n{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(server.url + "/health", timeout=1.0).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    server.stop()
-    raise TimeoutError(f"vLLM was not ready in {ready_timeout:.0f} s; log:\n{log.read_text()[-4000:]}")
+    try:
+        wait_ready(process, server.url + "/health", ready_timeout, log, "vLLM", interval=0.5)
+    except (RuntimeError, TimeoutError):
+        server.stop()
+        raise
+    return server
