@@ -7,7 +7,7 @@ the vectors back. Under load the cost per query falls to batch speed (measured h
 batch of 32, against ~12 ms alone). A thread was measured first: sharing the GIL and the core with the
 loop, it stalled unrelated requests by up to ~300 ms during bursts of lookups.
 
-``MiniLMEmbedder`` runs the same encoder in-process, for the quality report and tests.
+``MiniLMEmbedder`` runs the same encoder in this process, for batch work: the quality report and tests.
 Torch uses one thread: measured here, two are no faster and ruin the tail on a shared machine.
 """
 
@@ -20,7 +20,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from typing import Any, Protocol
 
 import numpy as np
@@ -72,61 +71,27 @@ def make_encoder(model: object) -> Callable[[Sequence[str]], np.ndarray]:
 
 
 class MiniLMEmbedder:
+    """The encoder in this process: batch work (the quality report, tests), never on an event loop."""
+
     name = "all-MiniLM-L6-v2"
     dim = 384
     languages = frozenset({"en"})
 
-    def __init__(self, batch_max: int = 32, batch_wait_s: float = 0.002) -> None:
+    def __init__(self, batch_max: int = 32) -> None:
         self.batch_max = batch_max
-        self.batch_wait_s = batch_wait_s
         self._encode = make_encoder(load_minilm())
-        self._requests: queue.SimpleQueue[tuple[str, Future[np.ndarray]] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="tollgate-embedder", daemon=True)
-        self._thread.start()
-        self.embed_many(["warm up"])  # the first call builds kernels; keep it off the first request
 
     def embed_many(self, texts: Sequence[str]) -> np.ndarray:
-        """Synchronous batch encode (for evaluation and index rebuilds, never on the event loop)."""
+        if not texts:
+            return np.zeros((0, self.dim), np.float32)
         return np.concatenate([self._encode(texts[i:i + self.batch_max])
-                               for i in range(0, len(texts), self.batch_max)]) if texts else np.zeros((0, self.dim),
-                                                                                                    np.float32)
+                               for i in range(0, len(texts), self.batch_max)])
 
     async def embed(self, text: str) -> np.ndarray:
-        future: Future[np.ndarray] = Future()
-        self._requests.put((text, future))
-        return await asyncio.wrap_future(future)
-
-    def _run(self) -> None:
-        while True:
-            first = self._requests.get()
-            if first is None:
-                return
-            batch = [first]
-            deadline = time.monotonic() + self.batch_wait_s
-            while len(batch) < self.batch_max:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                try:
-                    item = self._requests.get(timeout=remaining)
-                except queue.Empty:
-                    break
-                if item is None:
-                    self._requests.put(None)
-                    break
-                batch.append(item)
-            try:
-                vectors = self.embed_many([text for text, _ in batch])
-            except Exception as exc:  # a failure answers every waiter; the thread lives on
-                for _, future in batch:
-                    future.set_exception(exc)
-                continue
-            for (_, future), vector in zip(batch, vectors, strict=True):
-                if not future.cancelled():
-                    future.set_result(vector)
+        return (await asyncio.to_thread(self.embed_many, [text]))[0]
 
     def close(self) -> None:
-        self._requests.put(None)
+        return None
 
 
 def _serve(requests: Any, results: Any, batch_max: int, batch_wait_s: float, nice: int) -> None:
