@@ -140,3 +140,15 @@ def test_eos_respects_min_tokens_and_ignore_eos() -> None:
     early, forced = run(main())
     assert len(early.output) == 7 and early.finish_reason == "stop"
     assert len(forced.output) == 50 and forced.finish_reason == "length"
+
+
+def test_gateway_scraper_reads_both_kv_metric_names() -> None:
+    from gateway.workers_state import parse_load
+
+    new = (b'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
+           b'vllm:num_requests_waiting{engine="0",model_name="m"} 7.0\n'
+           b'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} 5.0\n'
+           b'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n# HELP x\n')
+    old = b'vllm:num_requests_running{model_name="m"} 1\nvllm:gpu_cache_usage_perc{model_name="m"} 0.5\n'
+    assert parse_load(new) == {"running": 3.0, "waiting": 7.0, "kv_usage": 0.25}
+    assert parse_load(old) == {"running": 1.0, "kv_usage": 0.5}

@@ -31,7 +31,7 @@ FinishReason = Literal["stop", "length", "abort"]
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Defaults model Llama-3-8B (bf16) on one A100-80GB; see workers/README.md for the arithmetic."""
+    """Defaults model Llama-3-8B (bf16) on one A100-80GB; workers/README.md has the arithmetic."""
 
     max_num_seqs: int = 256
     num_blocks: int = 26_000
