@@ -137,3 +137,26 @@ def start_vllm_cpu(model_dir: Path | None = None, served_name: str = "tiny-llama
         server.stop()
         raise
     return server
+
+
+def main() -> None:
+    """`python -m workers.vllm.cpu --port 8200`: a real vLLM CPU server by hand (Ctrl-C stops it)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Run real vLLM on this CPU with the tiny local model.")
+    parser.add_argument("--port", type=int, default=8200)
+    parser.add_argument("--served-model-name", default="tiny-llama")
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    args = parser.parse_args()
+    server = start_vllm_cpu(served_name=args.served_model_name, port=args.port, max_model_len=args.max_model_len)
+    print(f"vLLM ({args.served_model_name}) is up at {server.url}/v1; log: {server.log_path}", flush=True)
+    try:
+        server.process.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
