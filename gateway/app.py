@@ -9,7 +9,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,20 +59,19 @@ class Gateway:
         self.upstreams = Upstreams(self.metrics)
         self.scheduler = Scheduler()
         self.cache: SemanticCache | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()  # background work; each task leaves the set when done
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.upstreams.reconcile(self.store.current.policy.pools)
         await self._reconcile_cache(self.store.current.policy.cache)
-        loop = asyncio.get_running_loop()
         self.store.listeners.append(self._on_policy)
         self.store.rejection_listeners.append(self._on_policy_rejected)
-        self._tasks.append(loop.create_task(self.store.watch()))
+        self._spawn(self.store.watch())
         try:
             yield
         finally:
-            for task in self._tasks:
+            for task in list(self._tasks):
                 task.cancel()
             if self.cache is not None:
                 await self.cache.close()
@@ -81,9 +80,13 @@ class Gateway:
     def _on_policy(self, snapshot: PolicySnapshot) -> None:
         self.metrics.policy_reloads.labels("ok").inc()
         self.metrics.policy_ok.set(1)
-        loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self.upstreams.reconcile(snapshot.policy.pools)))
-        self._tasks.append(loop.create_task(self._reconcile_cache(snapshot.policy.cache)))
+        self._spawn(self.upstreams.reconcile(snapshot.policy.pools))
+        self._spawn(self._reconcile_cache(snapshot.policy.cache))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _reconcile_cache(self, spec: CachePolicy) -> None:
         """Start, keep or replace the cache to match the policy (thresholds etc. are read per request)."""

@@ -13,13 +13,9 @@ from gateway.context import RequestContext
 
 
 class Scheduler:
-    def __init__(self) -> None:
-        self.inflight = 0
-
     async def admit(self, ctx: RequestContext) -> None:
         started = time.perf_counter()
-        self.inflight += 1
         ctx.timings.queue_wait = time.perf_counter() - started
 
     def release(self, ctx: RequestContext) -> None:
-        self.inflight -= 1
+        """Called once per admitted request when it is done (the priority scheduler frees its slot here)."""
