@@ -183,8 +183,9 @@ def test_abort_on_disconnect(backend: str) -> None:
     """Leaving mid-stream makes the worker stop generating at once.
 
     1,900 tokens take ~3 s on real vLLM here and ~10 s on the sim, so a request that ran to the end shows
-    them all. Real vLLM 0.32 on this CPU occasionally misses a disconnect (seen in 2 of ~10 CI-like runs,
-    never reproduced by hand in 6 tries): up to three attempts, of which one must abort.
+    them all. Real vLLM 0.32 on this CPU occasionally notices a disconnect late (after more than a second
+    of generating; seen in 3 of ~11 CI-like runs, never in 6 tries by hand): up to three attempts, of which
+    one must stop at once.
     """
     finished_before = metric_value(backend, "vllm:request_success_total")
     attempts = []
@@ -193,6 +194,7 @@ def test_abort_on_disconnect(backend: str) -> None:
         if attempts[-1] < 1000:
             break
     assert attempts[-1] < 1000, f"the worker went on generating after the client left: {attempts}"
-    completed = sum(1 for generated in attempts if generated >= 1000)
-    assert metric_value(backend, "vllm:request_success_total") == finished_before + completed, \
-        "an abort is not a success"
+    # an abort is not a success; only an attempt that generated every token may have completed
+    may_have_completed = sum(1 for generated in attempts if generated >= 1900)
+    assert finished_before <= metric_value(backend, "vllm:request_success_total") <= (
+        finished_before + may_have_completed), "an abort is not a success"

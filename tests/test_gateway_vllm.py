@@ -53,7 +53,7 @@ def test_client_disconnect_stops_vllm(gateway: Proc, vllm_server: Any) -> None:
     """The gateway closes the upstream stream when its client leaves, so vLLM stops generating.
 
     Up to three attempts, one of which must abort: see test_conformance.test_abort_on_disconnect for the
-    occasional missed disconnect of vLLM 0.32 on this CPU.
+    occasional late abort of vLLM 0.32 on this CPU.
     """
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 1900, "stream": True,
             "ignore_eos": True}
