@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     cache = sub.add_parser("cache", help="response cache tools").add_subparsers(dest="cache_command", required=True)
     evaluate = cache.add_parser("eval", help="quality report: hit rate, wrong and near-miss hits, verifier on/off")
     evaluate.add_argument("--threshold", type=float, default=0.95)
-    evaluate.add_argument("--data", help="GPTCache mock_data.json (default: ../shared/data/gptcache_mock_data.json)")
+    evaluate.add_argument("--data", help="GPTCache mock_data.json (default: loadtest/data/gptcache/mock_data.json)")
     evaluate.add_argument("--pairs", help="near-miss/paraphrase YAML (default: loadtest/data/cache_pairs.yaml)")
     evaluate.add_argument("--out", help="also write the figures as JSON here")
     evaluate.set_defaults(func=cmd_cache_eval)

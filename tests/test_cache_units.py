@@ -188,7 +188,7 @@ def test_quality_on_the_hand_written_pairs(embedder: Any) -> None:
 
 def test_quality_on_gptcache_pairs(embedder: Any) -> None:
     if not GPTCACHE.exists():
-        pytest.fail(f"{GPTCACHE} is missing (shared/data)")
+        pytest.fail(f"{GPTCACHE} is missing: it ships in the repo")
     result = gptcache(embedder, GPTCACHE, 0.95)
     off, on = result["verifier_off"], result["verifier_on"]
     assert off["right_original"] > 350, "the embedder and index find the rewrites"

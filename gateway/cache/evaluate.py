@@ -1,7 +1,7 @@
 """`tollgate cache eval`: the semantic cache's quality, measured with the same code that serves hits.
 
 Two data sets:
-- GPTCache's question pairs (shared/data): originals indexed, rewrites queried. Hit rate; hits whose top
+- GPTCache's question pairs (loadtest/data/gptcache, MIT): originals indexed, rewrites queried. Hit rate; hits whose top
   candidate is another question's original (wrong original on top); and the false-hit rate when each
   query's own original is left out (every hit is then a wrong answer).
 - loadtest/data/cache_pairs.yaml: near-miss pairs (a hit is a wrong answer) and paraphrase pairs
@@ -23,7 +23,7 @@ from gateway.cache.embedder import MiniLMEmbedder
 from gateway.cache.verifier import verify
 
 ROOT = Path(__file__).resolve().parents[2]
-GPTCACHE = ROOT.parent / "shared" / "data" / "gptcache_mock_data.json"
+GPTCACHE = ROOT / "loadtest" / "data" / "gptcache" / "mock_data.json"
 PAIRS = ROOT / "loadtest" / "data" / "cache_pairs.yaml"
 
 
