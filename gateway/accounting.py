@@ -11,20 +11,27 @@ import logging
 import logging.handlers
 import queue
 import sys
+import time
+from datetime import UTC, datetime
 from typing import IO, Any
 
 import orjson
 
-from gateway.context import RequestContext
+from gateway.context import STAGES, RequestContext
 from gateway.metrics import GatewayMetrics
 
 
 class JsonLineFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        line = {"level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
+        line = {"time": _iso(record.created), "level": record.levelname.lower(), "logger": record.name,
+                "message": record.getMessage()}
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(line).decode()
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class _Writer(logging.Handler):
@@ -37,7 +44,11 @@ class _Writer(logging.Handler):
 
     def handle(self, record: Any) -> bool:  # type: ignore[override]
         try:
-            text = orjson.dumps(record).decode() if isinstance(record, dict) else self.format(record)
+            if isinstance(record, dict):
+                record["time"] = _iso(record["time"])  # formatted here, off the event loop
+                text = orjson.dumps(record).decode()
+            else:
+                text = self.format(record)
             self.stream.write(text + "\n")
             self.stream.flush()
         except Exception:  # a broken pipe must not kill the writer thread
@@ -70,6 +81,7 @@ def start_logging(stream: IO[str] | None = None, level: int = logging.INFO) -> l
 
 def finish(ctx: RequestContext, metrics: GatewayMetrics) -> None:
     t = ctx.timings
+    t.total = time.perf_counter() - t.start
     tier, model = ctx.tier, ctx.model or "none"
     queue_wait, connect, ttft, tpot, duration = metrics.stage_children(tier, model)
     for child, value in ((queue_wait, t.queue_wait), (connect, t.upstream_connect), (ttft, t.ttft),
@@ -90,13 +102,11 @@ def finish(ctx: RequestContext, metrics: GatewayMetrics) -> None:
             metrics.cache_tokens_saved.labels(tier, "completion").inc(ctx.completion_tokens or 0)
     if _lines is not None:
         _lines.put({
-            "request_id": ctx.request_id, "tenant": ctx.tenant.name if ctx.tenant else None, "tier": tier,
+            "time": time.time(), "request_id": ctx.request_id, "tenant": ctx.tenant.name if ctx.tenant else None,
+            "tier": tier,
             "model": ctx.model, "endpoint": ctx.endpoint, "stream": ctx.stream, "worker": ctx.worker,
             "attempts": ctx.attempts, "status": ctx.status, "error": ctx.error,
             "prompt_tokens": ctx.prompt_tokens, "completion_tokens": ctx.completion_tokens,
             "max_tokens": ctx.max_tokens_applied, "cache": ctx.cache, "policy": ctx.snapshot.digest,
-            "stages_ms": {name: None if v is None else round(v * 1000, 3) for name, v in (
-                ("queue_wait", t.queue_wait), ("cache", t.cache), ("upstream_connect", t.upstream_connect),
-                ("ttft", t.ttft),
-                ("tpot", t.tpot), ("total", t.total))},
+            "stages_ms": {name: None if (v := getattr(t, name)) is None else round(v * 1000, 3) for name in STAGES},
         })

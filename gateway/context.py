@@ -1,4 +1,7 @@
-"""Per-request state: built at ingress, filled in by each step, closed by accounting.finish()."""
+"""Per-request state: built at the edge, filled in by each pipeline step, closed by accounting.finish().
+
+Each field has one writer (named beside it), so a reader knows where a value came from. No I/O here.
+"""
 
 from __future__ import annotations
 
@@ -7,51 +10,71 @@ from dataclasses import dataclass, field
 
 from gateway.policy.loader import PolicySnapshot, TenantView
 
+Headers = list[tuple[bytes, bytes]]
+STAGES = ("queue_wait", "cache", "upstream_connect", "ttft", "tpot", "total")
+
 
 @dataclass(slots=True)
 class Timings:
     """Stage durations in seconds; None where a stage did not happen.
 
-    queue_wait: admission wait in the scheduler; cache: the cache lookup; upstream_connect: dispatch until the worker's
-    response headers; ttft: request arrival until the first upstream body byte; tpot: mean gap
-    between output tokens after the first; total: arrival until the last byte was sent.
+    queue_wait: the scheduler's hold before dispatch; cache: the cache lookup; upstream_connect: dispatch until
+    the request head is written to the worker (pool wait + TCP connect, if any); ttft: arrival until the first
+    byte of the answer (the first upstream body byte, or the cached answer); tpot: mean gap between output
+    tokens after the first; total: arrival until the last byte was sent.
     """
 
     start: float = field(default_factory=time.perf_counter)
-    queue_wait: float | None = None
-    cache: float | None = None
-    upstream_connect: float | None = None
-    ttft: float | None = None
-    tpot: float | None = None
-    total: float | None = None
+    queue_wait: float | None = None  # scheduler.admit
+    cache: float | None = None  # cache.decision.decide
+    upstream_connect: float | None = None  # upstream.dispatch
+    ttft: float | None = None  # first_byte()
+    tpot: float | None = None  # pipeline (from the relay's token timing)
+    total: float | None = None  # accounting.finish
 
-    def server_timing(self) -> str:
+    def first_byte(self) -> None:
+        """Stamp TTFT: called by whatever produces the answer's first byte (the relay or a cache hit)."""
+        self.ttft = time.perf_counter() - self.start
+
+    def server_timing(self) -> bytes:
         parts = []
-        for name in ("queue_wait", "cache", "upstream_connect", "ttft", "tpot", "total"):
+        for name in STAGES:
             value = getattr(self, name)
             if value is not None:
                 parts.append(f"{name};dur={value * 1000:.3f}")
-        return ", ".join(parts)
+        return ", ".join(parts).encode()
 
 
 @dataclass(slots=True)
 class RequestContext:
     request_id: str
     snapshot: PolicySnapshot
-    endpoint: str
+    endpoint: str  # chat | completions
     timings: Timings = field(default_factory=Timings)
-    tenant: TenantView | None = None
-    model: str | None = None
-    stream: bool = False
-    worker: str | None = None
-    attempts: int = 0
-    status: int = 200
-    error: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    max_tokens_applied: str | None = None
-    cache: str | None = None  # hit-exact | hit-semantic | miss | bypass
+    tenant: TenantView | None = None  # the edge (auth)
+    model: str | None = None  # openai_api.prepare: only a model the policy routes
+    stream: bool = False  # openai_api.prepare
+    max_tokens_applied: str | None = None  # openai_api.prepare
+    cache: str | None = None  # cache.decision.decide: hit-exact | hit-semantic | miss | bypass
+    cache_similarity: float | None = None  # cache.decision.decide
+    worker: str | None = None  # upstream.dispatch
+    attempts: int = 0  # upstream.dispatch
+    prompt_tokens: int | None = None  # pipeline.run
+    completion_tokens: int | None = None  # pipeline.run
+    error: str | None = None  # pipeline.fail
+    status: int = 0  # the edge: the status the client got (499 if it left before any)
 
     @property
     def tier(self) -> str:
         return self.tenant.tier if self.tenant else "none"
+
+    def response_headers(self) -> Headers:
+        """The gateway's own headers on every answer, from what the steps so far decided."""
+        headers = [(b"x-request-id", self.request_id.encode())]
+        if self.max_tokens_applied is not None:
+            headers.append((b"x-tollgate-max-tokens", self.max_tokens_applied.encode()))
+        if self.cache is not None:
+            headers.append((b"x-tollgate-cache", self.cache.encode()))
+        if self.cache_similarity is not None:
+            headers.append((b"x-tollgate-cache-similarity", f"{self.cache_similarity:.4f}".encode()))
+        return headers

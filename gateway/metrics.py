@@ -20,8 +20,8 @@ class GatewayMetrics:
                               buckets=TPOT_BUCKETS, registry=r)
         self.queue_wait = Histogram("tollgate_queue_wait_seconds", "Time held by the scheduler before dispatch.",
                                     tm, buckets=FAST_BUCKETS, registry=r)
-        self.upstream_connect = Histogram("tollgate_upstream_connect_seconds",
-                                          "Dispatch to the worker's response headers.", tm,
+        self.upstream_connect = Histogram("tollgate_upstream_connect_seconds", "Dispatch until the request head "
+                                          "is written to the worker (pool wait + TCP connect).", tm,
                                           buckets=FAST_BUCKETS, registry=r)
         self.duration = Histogram("tollgate_request_duration_seconds", "Arrival to last byte sent.", tm,
                                   buckets=LATENCY_BUCKETS, registry=r)

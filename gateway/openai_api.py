@@ -8,13 +8,17 @@ request on the hot path, and the body is forwarded to vLLM with unknown fields i
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from gateway.context import RequestContext
 from gateway.policy.loader import TenantView
+from gateway.policy.schema import ModelRoute
 
-LARGE_BODY = 64 * 1024  # parse bodies above this off the event loop
+LARGE_BODY = 64 * 1024  # parse and serialise bodies above this off the event loop
+ECHO_LIMIT = 64  # characters of a client-chosen value echoed back in an error
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
@@ -145,3 +149,57 @@ def apply_max_tokens(body: dict[str, Any], tenant: TenantView) -> str:
                        param=field)
     body[field] = cap
     return f"clamped; requested={asked}; value={cap}"
+
+
+def echo(value: object) -> str:
+    """A client-chosen value, cut short for an error message or a log line."""
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= ECHO_LIMIT else text[:ECHO_LIMIT] + "..."
+
+
+@dataclass(slots=True)
+class Call:
+    """A validated request, ready for the cache and the workers."""
+
+    body: dict[str, Any]
+    route: ModelRoute
+    wants_usage: bool  # the client asked for the usage event in its stream
+    size: int  # bytes as received
+
+
+_VALIDATORS = {"chat": validate_chat, "completions": validate_completion}
+
+
+async def prepare(ctx: RequestContext, raw: bytes) -> Call:
+    """Parse and validate the body, resolve the model, apply the tier's max_tokens policy (ctx.tenant is set)."""
+    assert ctx.tenant is not None
+    body = await parse_json(raw)
+    model = _VALIDATORS[ctx.endpoint](body)
+    route = ctx.snapshot.policy.models.get(model)
+    if route is None:
+        raise ApiError(404, f"The model '{echo(model)}' does not exist.", code="model_not_found", param="model")
+    ctx.model = model
+    if not ctx.tenant.may_use(model):
+        raise ApiError(403, f"Tenant '{ctx.tenant.name}' may not use model '{model}'.", code="model_not_allowed",
+                       param="model")
+    ctx.max_tokens_applied = apply_max_tokens(body, ctx.tenant)
+    ctx.stream = bool(body.get("stream"))
+    wants_usage = False
+    if ctx.stream:
+        options = body.get("stream_options") or {}
+        wants_usage = bool(options.get("include_usage"))
+        body["stream_options"] = {**options, "include_usage": True}  # accounting needs the usage
+    if route.upstream_model:
+        body["model"] = route.upstream_model
+    return Call(body, route, wants_usage, len(raw))
+
+
+async def serialise(call: Call) -> bytes:
+    """The body for the worker. JSON the client sent but that cannot be written back (orjson writes at most
+    255 levels of nesting, reads 1,024) is the client's error, not the gateway's."""
+    try:
+        if call.size <= LARGE_BODY:
+            return orjson.dumps(call.body)
+        return await asyncio.to_thread(orjson.dumps, call.body)
+    except orjson.JSONEncodeError as exc:
+        raise ApiError(400, f"The request body cannot be forwarded: {exc}", code="invalid_json") from None

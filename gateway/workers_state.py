@@ -29,7 +29,6 @@ class Worker:
     healthy: bool = False
     cooldown_until: float = 0.0
     inflight: int = 0
-    running: float = 0.0
     waiting: float = 0.0
     kv_usage: float = 0.0
     last_error: str | None = None
@@ -82,7 +81,6 @@ async def scrape(worker: Worker, session: aiohttp.ClientSession, request_timeout
         worker.healthy = False
         worker.last_error = str(exc) or type(exc).__name__
         return
-    worker.running = load.get("running", 0.0)
     worker.waiting = load.get("waiting", 0.0)
     worker.kv_usage = load.get("kv_usage", 0.0)
     if not worker.healthy and time.monotonic() >= worker.cooldown_until:

@@ -131,7 +131,6 @@ def store(request: pytest.FixtureRequest) -> Any:
 
 def test_store_lru_ttl_exact_and_events(store: Any) -> None:
     async def main() -> None:
-        await store.start()
         cursor = await store.last_event_id() if isinstance(store, RedisStore) else "0-0"
         first, second, third = _entry(question="one"), _entry(question="two"), _entry(question="three")
         assert await store.put(first, 2) == []

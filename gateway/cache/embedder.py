@@ -30,7 +30,6 @@ class Embedder(Protocol):
 
     name: str
     dim: int
-    languages: frozenset[str]
 
     async def embed(self, text: str) -> np.ndarray: ...
 
@@ -76,7 +75,6 @@ class MiniLMEmbedder:
 
     name = "all-MiniLM-L6-v2"
     dim = 384
-    languages = frozenset({"en"})
 
     def __init__(self, batch_max: int = 32) -> None:
         self.batch_max = batch_max
@@ -133,7 +131,6 @@ class ProcessEmbedder:
 
     name = "all-MiniLM-L6-v2"
     dim = 384
-    languages = frozenset({"en"})
 
     def __init__(self, batch_max: int = 32, batch_wait_s: float = 0.0, nice: int = 10,
                  start_timeout_s: float = 120.0) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from gateway import sse
 from gateway.cache.store import Entry
 
 _PIECE = re.compile(r"\s*\S+|\s+$")
@@ -50,10 +51,10 @@ def sse_body(entry: Entry, model: str, layer: str, include_usage: bool) -> bytes
         else:
             choice = (b'{"index":0,"text":' + orjson.dumps(piece) + b',"logprobs":null,"finish_reason":' + reason
                       + b"}")
-        parts.append(b"data: " + head + b',"choices":[' + choice + b"]}\n\n")
+        parts.append(sse.event(head + b',"choices":[' + choice + b"]}"))
     if include_usage:
-        parts.append(b"data: " + head + b',"choices":[],"usage":' + orjson.dumps(usage(entry, layer)) + b"}\n\n")
-    parts.append(b"data: [DONE]\n\n")
+        parts.append(sse.event(head + b',"choices":[],"usage":' + orjson.dumps(usage(entry, layer)) + b"}"))
+    parts.append(sse.DONE_EVENT)
     return b"".join(parts)
 
 
@@ -76,11 +77,8 @@ def answer_from_sse(endpoint: str, events: bytes) -> tuple[str, str, dict[str, A
     finish: str | None = None
     usage_seen: dict[str, Any] | None = None
     done = False
-    for event in events.split(b"\n\n"):
-        if not event.startswith(b"data: "):
-            continue
-        payload = event[6:]
-        if payload == b"[DONE]":
+    for payload in sse.payloads(events):
+        if payload == sse.DONE:
             done = True
             continue
         data = orjson.loads(payload)

@@ -63,7 +63,6 @@ class StoreUnavailable(Exception):
 class CacheStore(Protocol):
     shared: bool
 
-    async def start(self) -> None: ...
     async def get(self, entry_id: str) -> Entry | None: ...
     async def get_exact(self, exact: str) -> Entry | None: ...
     async def put(self, entry: Entry, max_per_tenant: int) -> list[str]: ...
@@ -84,9 +83,6 @@ class MemoryStore:
         self.entries: dict[str, Entry] = {}
         self.exact: dict[str, str] = {}
         self.lru: dict[str, OrderedDict[str, None]] = {}
-
-    async def start(self) -> None:
-        return None
 
     async def get(self, entry_id: str) -> Entry | None:
         entry = self.entries.get(entry_id)
@@ -164,9 +160,6 @@ class RedisStore:
 
     def _key(self, entry_id: str) -> str:
         return f"{self.PREFIX}e:{entry_id}"
-
-    async def start(self) -> None:
-        await self._call(self.redis.ping())
 
     async def get(self, entry_id: str) -> Entry | None:
         data = await self._call(self.redis.hgetall(self._key(entry_id)))

@@ -1,0 +1,68 @@
+"""The admin API (/admin/*): policy apply and status, cache purge. Every route needs the admin token."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.asgi import request_headers
+from gateway.auth import is_admin
+from gateway.cache.store import StoreUnavailable
+from gateway.openai_api import ApiError
+from gateway.policy.loader import PolicyError
+from gateway.responses import error_response, json_response
+from gateway.runtime import Gateway
+
+
+def routes(gw: Gateway) -> list[Route]:
+    store = gw.store
+
+    def guard(request: Request) -> Response | None:
+        snapshot = store.current
+        if snapshot.policy.server.admin_token_sha256 is None:
+            return error_response(403, "The admin API is disabled: set server.admin_token_sha256.", "admin_disabled")
+        try:
+            authorization = request_headers(request.scope).get(b"authorization")
+        except ApiError as exc:
+            return error_response(exc.status, exc.message, exc.code or "invalid_request")
+        if not is_admin(authorization, snapshot):
+            return error_response(401, "A valid admin token is required.", "invalid_admin_token")
+        return None
+
+    async def put_policy(request: Request) -> Response:
+        if (denied := guard(request)) is not None:
+            return denied
+        text = (await request.body()).decode("utf-8", errors="replace")
+        try:
+            changes = await store.apply_text(text)
+        except PolicyError as exc:
+            return json_response({"error": {"message": "The policy was rejected; the running one stays.",
+                                            "type": "invalid_request_error", "param": None, "code": "invalid_policy",
+                                            "details": [{"path": p, "message": m} for p, m in exc.errors]}}, 400)
+        return json_response({"status": "applied", "digest": store.current.digest, "diff": changes})
+
+    async def policy_status(request: Request) -> Response:
+        if (denied := guard(request)) is not None:
+            return denied
+        return json_response(store.status())
+
+    async def purge_cache(request: Request) -> Response:
+        if (denied := guard(request)) is not None:
+            return denied
+        if gw.cache is None:
+            return error_response(409, "The cache is not enabled in the policy.", "cache_disabled")
+        q = request.query_params
+        if not (q.get("tenant") or q.get("model") or q.get("id") or q.get("all") == "true"):
+            return error_response(400, "Say what to purge: tenant=, model=, id= or all=true.", "missing_selector")
+        try:
+            purged = await gw.cache.purge(q.get("tenant"), q.get("model"), q.get("id"))
+        except StoreUnavailable:
+            return error_response(503, "The cache store is unreachable.", "cache_store_down", "server_error")
+        return json_response({"purged": purged})
+
+    return [
+        Route("/admin/policy", put_policy, methods=["PUT"]),
+        Route("/admin/policy/status", policy_status, methods=["GET"]),
+        Route("/admin/cache", purge_cache, methods=["DELETE"]),
+    ]

@@ -1,0 +1,107 @@
+"""The ASGI edge: reading the request, watching for a client that leaves, and the one response starter.
+
+Everything below the edge writes to a Sink (gateway.sink); ``AsgiSink`` is the only code that sends ASGI
+response messages, and it knows whether the response has started (as starlette/middleware/errors.py
+does), so nothing sends a second head, or a 500 after a stream began.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
+from starlette.types import Message, Receive, Scope, Send
+
+from gateway.context import Headers
+from gateway.openai_api import ApiError
+
+__all__ = ["AsgiSink", "Message", "Receive", "Scope", "Send", "read_body", "request_headers", "until_disconnect"]
+
+_SINGLE = (b"authorization", b"content-length", b"content-type", b"x-request-id")
+
+
+def request_headers(scope: Scope) -> dict[bytes, bytes]:
+    """The request's headers by (lower-case) name. Headers whose meaning a duplicate would make ambiguous
+    (two `Authorization` headers: which key is the caller's?) are refused."""
+    raw = scope["headers"]
+    headers = dict(raw)
+    if len(headers) != len(raw):
+        names = [name for name, _ in raw]
+        for name in _SINGLE:
+            if names.count(name) > 1:
+                raise ApiError(400, f"The '{name.decode()}' header was sent more than once.", code="duplicate_header")
+    return headers
+
+
+async def read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -> bytes:
+    declared = headers.get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"The request body is larger than {limit} bytes.", code="request_too_large")
+    parts = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ApiError(499, "The client disconnected.", code="client_disconnected")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"The request body is larger than {limit} bytes.", code="request_too_large")
+        parts.append(chunk)
+        if not message.get("more_body"):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+class AsgiSink:
+    """A Sink over ASGI ``send``; the status it started with is the status the client got."""
+
+    __slots__ = ("_send", "status")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.status: int | None = None
+
+    async def start(self, status: int, headers: Headers) -> None:
+        if self.status is not None:
+            raise RuntimeError("the response has already started")
+        self.status = status
+        try:
+            await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        except OSError:
+            pass  # the client is gone; the disconnect watch ends the request
+
+    async def send(self, body: bytes, more: bool = False) -> None:
+        try:
+            await self._send({"type": "http.response.body", "body": body, "more_body": more})
+        except OSError:
+            pass
+
+
+async def until_disconnect(work: Coroutine[Any, Any, None], receive: Receive) -> bool:
+    """Run ``work`` in this task; cancel it if the client disconnects first. Returns True if the client left.
+
+    One watcher task per request and no asyncio.wait: the work itself stays in the request's task, so
+    everything it holds (a queue slot, a worker lease, the upstream connection) is released by its own
+    ``finally`` blocks when the client leaves.
+    """
+    current = asyncio.current_task()
+    assert current is not None
+    left = False
+
+    async def watch() -> None:
+        nonlocal left
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        left = True
+        current.cancel()
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        await work
+    except asyncio.CancelledError:
+        if not left:
+            raise
+        current.uncancel()
+    finally:
+        watcher.cancel()
+    return left

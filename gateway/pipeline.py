@@ -1,0 +1,99 @@
+"""The completions pipeline: prepare -> decide -> admit -> exchange, as plain async steps with no ASGI in them.
+
+The HTTP edge (gateway.app) authenticates, reads the body and calls ``run`` with a sink that speaks ASGI;
+a batch runner calls the same ``run`` with a sink that collects the answer. Each step reads the request
+context and adds to it; none calls back up. Errors travel as ApiError and end in ``fail``, the one place
+that records ``ctx.error`` and, if nothing was sent yet, answers with OpenAI's error JSON.
+"""
+
+from __future__ import annotations
+
+from gateway import openai_api
+from gateway.cache import replay
+from gateway.cache.decision import CacheDecision, decide
+from gateway.cache.service import Lookup
+from gateway.context import RequestContext
+from gateway.openai_api import ApiError, Call
+from gateway.runtime import Gateway
+from gateway.sink import Sink
+from gateway.upstream.dispatch import dispatch
+from gateway.upstream.relay import Relayed, relay_body, relay_stream
+
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_control: bytes = b"") -> None:
+    """Answer one authenticated request (``ctx.tenant`` set) whose body is ``raw``. Never raises ApiError."""
+    try:
+        call = await openai_api.prepare(ctx, raw)
+        decision = await decide(gw.cache, ctx, call.body, cache_control, gw.metrics)
+        if decision is not None and decision.hit:
+            assert decision.lookup is not None
+            await serve_hit(ctx, decision.lookup, sink, call.wants_usage)
+            return
+        payload = await openai_api.serialise(call)
+        await gw.scheduler.admit(ctx)
+        try:
+            relayed = await exchange(gw, ctx, call, payload, sink, capture=decision is not None
+                                     and decision.keep_answer)
+        finally:
+            gw.scheduler.release(ctx)
+        usage = relayed.usage or {}
+        ctx.prompt_tokens, ctx.completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        ctx.timings.tpot = relayed.tpot
+        if sink.status is not None and sink.status >= 400:  # a worker's complaint about the request, passed on
+            raise ApiError(sink.status, "", code=f"upstream_{sink.status}")
+        _remember(gw, ctx, decision, relayed)
+    except ApiError as exc:
+        await fail(ctx, sink, exc)
+
+
+async def exchange(gw: Gateway, ctx: RequestContext, call: Call, payload: bytes, sink: Sink,
+                   capture: bool = False) -> Relayed:
+    """Dispatch to a worker and relay its answer to the sink."""
+    pool = gw.upstreams.pools.get(call.route.pool)
+    if pool is None:
+        raise ApiError(503, f"No worker pool serves the model '{ctx.model}' right now.", "server_error",
+                       "upstream_unavailable")
+    async with dispatch(ctx, pool, PATHS[ctx.endpoint], payload) as (worker, response):
+        if ctx.stream and response.status == 200:
+            return await relay_stream(ctx, worker, response, sink, not call.wants_usage, pool.spec.cooldown_s,
+                                      capture)
+        return await relay_body(ctx, worker, response, sink, pool.spec.cooldown_s)
+
+
+async def serve_hit(ctx: RequestContext, found: Lookup, sink: Sink, wants_usage: bool) -> None:
+    """Answer from the cache, in the shape a fresh answer would have."""
+    entry, layer = found.entry, found.result
+    assert entry is not None and ctx.model is not None
+    ctx.prompt_tokens, ctx.completion_tokens = entry.prompt_tokens, entry.completion_tokens
+    if ctx.stream:
+        body = replay.sse_body(entry, ctx.model, layer, wants_usage)
+        content_type = b"text/event-stream; charset=utf-8"
+    else:
+        body = replay.json_body(entry, ctx.model, layer)
+        content_type = b"application/json"
+    ctx.timings.first_byte()
+    await sink.start(200, [*ctx.response_headers(), (b"content-type", content_type),
+                           (b"content-length", str(len(body)).encode()), (b"cache-control", b"no-cache"),
+                           (b"server-timing", ctx.timings.server_timing())])
+    await sink.send(body)
+
+
+async def fail(ctx: RequestContext, sink: Sink, exc: ApiError) -> None:
+    """Record the error; answer it unless the answer already started (then the relay has ended it)."""
+    ctx.error = exc.code or exc.type
+    if sink.status is not None:
+        return
+    body = exc.body()
+    await sink.start(exc.status, [*ctx.response_headers(), (b"content-type", b"application/json"),
+                                  (b"content-length", str(len(body)).encode())])
+    await sink.send(body)
+
+
+def _remember(gw: Gateway, ctx: RequestContext, decision: CacheDecision | None, relayed: Relayed) -> None:
+    if decision is None or not decision.keep_answer or relayed.captured is None or gw.cache is None:
+        return
+    assert decision.key is not None
+    vector = decision.lookup.vector if decision.lookup is not None else None
+    gw.cache.remember(decision.key, ctx.endpoint, relayed.captured, ctx.stream, vector, ctx.snapshot.policy.cache)

@@ -1,0 +1,16 @@
+"""JSON and OpenAI-error responses for the Starlette routes (the completions path writes its own)."""
+
+from __future__ import annotations
+
+import orjson
+from starlette.responses import Response
+
+from gateway.openai_api import error_body
+
+
+def json_response(data: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def error_response(status: int, message: str, code: str, type_: str = "invalid_request_error") -> Response:
+    return Response(error_body(message, type_, code), status_code=status, media_type="application/json")

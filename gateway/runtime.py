@@ -1,0 +1,77 @@
+"""The Gateway: the long-lived parts every request shares, and keeping them in step with the policy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
+
+from gateway.cache.service import SemanticCache
+from gateway.metrics import GatewayMetrics
+from gateway.policy.loader import PolicyError, PolicySnapshot, PolicyStore
+from gateway.policy.schema import CachePolicy
+from gateway.scheduler import Scheduler
+from gateway.upstream.dispatch import connect_trace
+from gateway.upstream.pools import Upstreams
+
+
+class Gateway:
+    """The policy store, upstream pools, scheduler, cache and metrics; started and stopped by ``lifespan``."""
+
+    def __init__(self, store: PolicyStore) -> None:
+        self.store = store
+        self.metrics = GatewayMetrics()
+        self.upstreams = Upstreams(self.metrics, traces=[connect_trace()])
+        self.scheduler = Scheduler()
+        self.cache: SemanticCache | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # background work; each task leaves the set when done
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: object = None) -> AsyncIterator[None]:
+        await self.upstreams.reconcile(self.store.current.policy.pools)
+        await self._reconcile_cache(self.store.current.policy.cache)
+        self.store.listeners.append(self._on_policy)
+        self.store.rejection_listeners.append(self._on_policy_rejected)
+        self._spawn(self.store.watch())
+        try:
+            yield
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            if self.cache is not None:
+                await self.cache.close()
+            await self.upstreams.close()
+
+    def ready(self) -> list[str]:
+        """The models that no healthy worker serves now (empty when ready)."""
+        policy = self.store.current.policy
+        return [name for name, route in policy.models.items()
+                if not (pool := self.upstreams.pools.get(route.pool)) or not pool.ready()]
+
+    def _on_policy(self, snapshot: PolicySnapshot) -> None:
+        self.metrics.policy_reloads.labels("ok").inc()
+        self.metrics.policy_ok.set(1)
+        self._spawn(self.upstreams.reconcile(snapshot.policy.pools))
+        self._spawn(self._reconcile_cache(snapshot.policy.cache))
+
+    def _on_policy_rejected(self, error: PolicyError) -> None:
+        self.metrics.policy_reloads.labels("error").inc()
+        self.metrics.policy_ok.set(0)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reconcile_cache(self, spec: CachePolicy) -> None:
+        """Start, keep or replace the cache to match the policy (thresholds etc. are read per request)."""
+        current = self.cache
+        if not spec.enabled:
+            self.cache = None
+        elif current is None or not current.same_backend(spec):
+            cache = SemanticCache(spec, self.metrics)
+            await cache.start()
+            self.cache = cache
+        if current is not None and current is not self.cache:
+            await current.close()

@@ -1,0 +1,89 @@
+"""Send a request to the least-loaded worker; retry once elsewhere before the first byte.
+
+A connect error or a 5xx status is retried on another worker, once: nothing has reached the client yet.
+After the response head, nothing is retried (the relay owns the answer from there). The worker's
+in-flight lease covers the whole exchange, relay included, and is given back on every exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+
+from gateway.context import RequestContext
+from gateway.openai_api import ApiError
+from gateway.routing import pick
+from gateway.upstream.errors import UpstreamError, worker_errors
+from gateway.upstream.pools import UpstreamPool
+from gateway.workers_state import Worker
+
+_RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+_COOLDOWN_STATUS = frozenset({502, 503, 504})
+
+# Set by aiohttp's trace hook in the request's own task: when the request head was written to the worker.
+_head_sent_at: contextvars.ContextVar[list[float]] = contextvars.ContextVar("head_sent_at")
+
+
+async def _on_headers_sent(session: object, ctx: object, params: object) -> None:
+    stamp = _head_sent_at.get(None)
+    if stamp is not None:
+        stamp.append(time.perf_counter())
+
+
+def connect_trace() -> aiohttp.TraceConfig:
+    """The trace that times ``upstream_connect``: give it to the pools' sessions."""
+    trace = aiohttp.TraceConfig()
+    trace.on_request_headers_sent.append(_on_headers_sent)
+    return trace
+
+
+@contextlib.asynccontextmanager
+async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str,
+                   payload: bytes) -> AsyncIterator[tuple[Worker, aiohttp.ClientResponse]]:
+    """``async with dispatch(...) as (worker, response):`` the response head of a worker that took the request.
+
+    Raises ApiError 503 when no worker is available, 502 when every try failed."""
+    assert pool.session is not None
+    exclude: set[Worker] = set()
+    headers = {"content-type": "application/json", "x-request-id": ctx.request_id}
+    for attempt in range(2):
+        worker = pick(pool.workers, exclude)
+        if worker is None:
+            break
+        if attempt:
+            pool.metrics.retries.labels(pool.name).inc()
+        ctx.attempts += 1
+        ctx.worker = worker.url
+        exclude.add(worker)
+        with pool.lease(worker):
+            stamp: list[float] = []
+            token = _head_sent_at.set(stamp)
+            sent_at = time.perf_counter()
+            try:
+                with worker_errors(worker, "connect", pool.spec.cooldown_s):
+                    response = await pool.session.post(worker.url + path, data=payload, headers=headers,
+                                                       timeout=pool.timeout)
+            except UpstreamError:
+                continue
+            finally:
+                _head_sent_at.reset(token)
+            ctx.timings.upstream_connect = (stamp[0] if stamp else time.perf_counter()) - sent_at
+            status = response.status
+            if status in _RETRYABLE_STATUS and attempt == 0 and pick(pool.workers, exclude) is not None:
+                response.close()
+                if status in _COOLDOWN_STATUS:
+                    worker.fail(f"HTTP {status}", pool.spec.cooldown_s)
+                continue
+            try:
+                yield worker, response
+            finally:
+                response.close()  # a no-op after the relay released it; drops an unfinished one
+            return
+    if ctx.attempts:
+        raise UpstreamError("connect", "every try failed")
+    raise ApiError(503, f"No healthy worker serves the model '{ctx.model}' right now.", "server_error",
+                   "upstream_unavailable")

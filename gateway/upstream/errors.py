@@ -1,0 +1,50 @@
+"""The one map from transport failures to the gateway's errors, as httpx/_transports/default.py maps httpcore's.
+
+A worker failure does two things: the worker leaves routing for its cooldown, and the client gets an
+OpenAI-shaped error that names no internals (no host:port, no exception class); the worker and the
+reason stay in the request's log line and the worker's last_error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import aiohttp
+
+from gateway.openai_api import ApiError
+from gateway.workers_state import Worker
+
+TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
+
+_CLIENT_MESSAGE = {
+    "connect": "No worker could take the request.",
+    "head": "The worker failed before answering.",
+    "stream": "The worker failed mid-stream; the answer is incomplete.",
+}
+_CODE = {"connect": "upstream_unavailable", "head": "upstream_broken", "stream": "upstream_stream_broken"}
+
+
+class UpstreamError(ApiError):
+    """A worker failed during ``phase`` (connect | head | stream); ``reason`` is for logs, not for clients."""
+
+    def __init__(self, phase: str, reason: str) -> None:
+        super().__init__(502, _CLIENT_MESSAGE[phase], "server_error", _CODE[phase])
+        self.phase = phase
+        self.reason = reason
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def worker_errors(worker: Worker, phase: str, cooldown_s: float) -> Iterator[None]:
+    """Turn a transport failure inside the block into UpstreamError and cool the worker down."""
+    try:
+        yield
+    except TRANSPORT_ERRORS as exc:
+        reason = describe(exc)
+        worker.fail(reason, cooldown_s)
+        raise UpstreamError(phase, reason) from None

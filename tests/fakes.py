@@ -1,0 +1,146 @@
+"""In-process fakes for unit tests: a scripted worker on loopback and a Gateway built from a policy dict.
+
+The worker is a real aiohttp server in the test's own event loop (like httpx's MockTransport, but over a
+socket, because the upstream code speaks aiohttp and its errors are transport errors): each test scripts
+what the worker answers, and the pipeline runs as in production, without ASGI and without subprocesses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from gateway import pipeline
+from gateway.context import RequestContext
+from gateway.policy.loader import PolicySnapshot, PolicyStore
+from gateway.policy.schema import Policy
+from gateway.runtime import Gateway
+from gateway.sink import BufferSink
+from tests.conftest import policy_dict
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MODEL = "sim-llama-8b"
+
+
+def chunk(text: str, finish: str | None = None) -> bytes:
+    return b"data: " + orjson.dumps({"id": "c1", "object": "chat.completion.chunk", "model": MODEL, "choices": [
+        {"index": 0, "delta": {"content": text}, "finish_reason": finish}]}) + b"\n\n"
+
+
+def usage_event(prompt: int, completion: int) -> bytes:
+    return b"data: " + orjson.dumps({"id": "c1", "object": "chat.completion.chunk", "model": MODEL, "choices": [],
+                                     "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                                               "total_tokens": prompt + completion}}) + b"\n\n"
+
+
+def completion_json(text: str = "hi there", prompt: int = 7, completion: int = 2) -> dict[str, Any]:
+    return {"id": "c1", "object": "chat.completion", "model": MODEL,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
+
+
+def stream_of(tokens: list[str], prompt: int = 7, *, gap_s: float = 0.0, break_after: int | None = None) -> Handler:
+    """A worker that streams ``tokens`` (one event per write), then usage and [DONE]; or drops the
+    connection after ``break_after`` tokens."""
+    async def handle(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for i, token in enumerate(tokens):
+            if break_after is not None and i == break_after:
+                assert request.transport is not None
+                request.transport.abort()
+                return response
+            await response.write(chunk(token, "stop" if i == len(tokens) - 1 else None))
+            if gap_s:
+                await asyncio.sleep(gap_s)
+        await response.write(usage_event(prompt, len(tokens)))
+        await response.write(b"data: [DONE]\n\n")
+        return response
+    return handle
+
+
+def json_of(body: dict[str, Any], status: int = 200, delay_s: float = 0.0) -> Handler:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        return web.json_response(body, status=status)
+    return handle
+
+
+class FakeWorker:
+    """A worker on 127.0.0.1:<free port> answering /health, /metrics and both completion paths."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.requests: list[dict[str, Any]] = []
+        self.disconnects = 0  # completion requests whose client went away before the handler finished
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append(orjson.loads(await request.read()))
+        try:
+            return await self.handler(request)
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.disconnects += 1
+            raise
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text="vllm:num_requests_running 0.0\nvllm:num_requests_waiting 0.0\n"
+                                 "vllm:kv_cache_usage_perc 0.0\n")
+
+    async def __aenter__(self) -> FakeWorker:
+        app = web.Application(handler_args={"handler_cancellation": True})
+        app.router.add_post("/v1/chat/completions", self._complete)
+        app.router.add_post("/v1/completions", self._complete)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(workers: list[str], **pool: Any) -> AsyncIterator[Gateway]:
+    """A Gateway (no HTTP server) started on the test policy over ``workers``."""
+    policy = Policy.model_validate(policy_dict(workers, **pool))
+    gw = Gateway(PolicyStore(PolicySnapshot.build(policy, "test")))
+    async with gw.lifespan():
+        yield gw
+
+
+async def call(gw: Gateway, body: dict[str, Any] | bytes, tenant: str = "demo",
+               endpoint: str = "chat") -> tuple[RequestContext, BufferSink]:
+    """One request (a body, or its raw bytes) through the pipeline, answered into a buffer."""
+    ctx = RequestContext("test-request", gw.store.current, endpoint)
+    ctx.tenant = gw.store.current.tenants[tenant]
+    sink = BufferSink()
+    await pipeline.run(gw, ctx, body if isinstance(body, bytes) else orjson.dumps(body), sink)
+    return ctx, sink
+
+
+def inflight(gw: Gateway) -> int:
+    return sum(pool.inflight for pool in gw.upstreams.pools.values())
+
+
+def chat(stream: bool = False, **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8,
+            "stream": stream, **extra}

@@ -1,0 +1,93 @@
+"""The import graph: every gateway module imports on its own, and no module imports one above it.
+
+"Above" is the request path read from the edge down: the entry points (cli) over the app and its edge
+(app, admin, asgi), over the pipeline, over the runtime, over the steps' modules (auth, openai_api, cache,
+scheduler, upstream, routing, accounting ...), over the shared leaves (context, sse, metrics, policy).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Each layer may import only from layers after it (lower down). Modules not named sit in "steps".
+LAYERS: list[set[str]] = [
+    {"gateway.__main__", "gateway.cli"},
+    {"gateway.app"},
+    {"gateway.admin"},
+    {"gateway.asgi", "gateway.responses"},
+    {"gateway.pipeline"},
+    {"gateway.runtime"},
+    set(),  # the steps: everything not named
+    {"gateway.sink", "gateway.context", "gateway.sse", "gateway.metrics"},
+    {"gateway.policy.loader"},
+    {"gateway.policy.schema"},
+]
+STEPS = 6
+
+
+def modules() -> list[str]:
+    names = []
+    for path in sorted((ROOT / "gateway").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def imports_of(module: str, known: set[str]) -> set[str]:
+    path = ROOT / Path(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gateway"):
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                found.add(candidate if candidate in known else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("gateway"))
+    return {m for m in found if m in known and m != module and not module.startswith(m + ".")} - {"gateway"}
+
+
+def layer(module: str) -> int:
+    return next((i for i, names in enumerate(LAYERS) if module in names), STEPS)
+
+
+def test_no_module_imports_one_above_it() -> None:
+    known = set(modules())
+    wrong = [f"{m} (layer {layer(m)}) imports {d} (layer {layer(d)})"
+             for m in sorted(known) for d in sorted(imports_of(m, known)) if layer(d) < layer(m)]
+    assert wrong == []
+
+
+def test_the_import_graph_has_no_cycles() -> None:
+    known = set(modules())
+    graph = {m: imports_of(m, known) for m in known}
+    state: dict[str, int] = {}
+
+    def visit(m: str, trail: list[str]) -> None:
+        state[m] = 1
+        for d in graph[m]:
+            if state.get(d) == 1:
+                raise AssertionError("import cycle: " + " -> ".join([*trail[trail.index(d):], d]))
+            if d not in state:
+                visit(d, [*trail, d])
+        state[m] = 2
+    for m in sorted(known):
+        if m not in state:
+            visit(m, [m])
+
+
+def test_every_module_imports_on_its_own() -> None:
+    def load(module: str) -> tuple[str, str]:
+        done = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+        return module, done.stderr.strip().splitlines()[-1] if done.returncode else ""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        # __main__ runs the CLI when imported: that is its job, not an import-order dependency
+        failures = [f"{m}: {err}" for m, err in pool.map(load, [m for m in modules() if not m.endswith("__main__")])
+                    if err]
+    assert failures == []

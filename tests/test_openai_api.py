@@ -1,0 +1,76 @@
+"""Request validation and the max_tokens policy, in-process."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gateway.openai_api import ApiError, apply_max_tokens, echo, parse_json, validate_chat, validate_completion
+from gateway.policy.loader import TenantView
+
+
+def tenant(default: int = 512, cap: int = 1024, on_exceed: str = "clamp") -> TenantView:
+    return TenantView("t", "standard", None, default, cap, on_exceed)
+
+
+def test_default_is_applied_when_the_client_says_nothing() -> None:
+    body: dict[str, Any] = {}
+    assert apply_max_tokens(body, tenant()) == "default; value=512"
+    assert body["max_tokens"] == 512
+    body = {}
+    assert apply_max_tokens(body, tenant(default=512, cap=100)) == "default; value=100", "the cap bounds the default"
+
+
+def test_requested_values_within_the_cap_are_kept() -> None:
+    body = {"max_tokens": 1024}
+    assert apply_max_tokens(body, tenant()) == "requested; value=1024" and body["max_tokens"] == 1024
+
+
+def test_above_the_cap_clamps_or_rejects() -> None:
+    body = {"max_tokens": 5000}
+    assert apply_max_tokens(body, tenant()) == "clamped; requested=5000; value=1024"
+    assert body["max_tokens"] == 1024
+    body = {"max_completion_tokens": 5000}
+    apply_max_tokens(body, tenant())
+    assert body == {"max_completion_tokens": 1024}, "the field the client used is the one clamped"
+    with pytest.raises(ApiError) as caught:
+        apply_max_tokens({"max_tokens": 5000}, tenant(on_exceed="reject"))
+    assert caught.value.status == 400 and caught.value.code == "max_tokens_exceeded"
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+    ({"model": "m", "messages": []}, "messages"),
+    ({"model": "m", "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ({"model": "m", "messages": [{"role": "user"}]}, "messages[0].content"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 3}, "temperature"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": True}, "n"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream_options": {}}, "stream_options"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": [1]}, "stop"),
+])
+def test_chat_validation_names_the_parameter(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        validate_chat(body)
+    assert caught.value.status == 400 and caught.value.param == param
+
+
+def test_completion_prompt_shapes() -> None:
+    assert validate_completion({"model": "m", "prompt": "x"}) == "m"
+    assert validate_completion({"model": "m", "prompt": [1, 2, 3]}) == "m"
+    with pytest.raises(ApiError):
+        validate_completion({"model": "m", "prompt": ""})
+
+
+def test_parse_json_errors_are_400() -> None:
+    for raw in (b"{", b"[1, 2]", b"\xff"):
+        with pytest.raises(ApiError) as caught:
+            asyncio.run(parse_json(raw))
+        assert caught.value.status == 400 and caught.value.code == "invalid_json"
+
+
+def test_echo_cuts_client_values_short() -> None:
+    assert echo("short") == "short"
+    assert len(echo("x" * 100_000)) < 80

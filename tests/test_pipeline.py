@@ -1,0 +1,179 @@
+"""The pipeline steps in-process: a Gateway object, scripted workers on loopback, answers into a BufferSink."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import orjson
+
+from gateway import pipeline, sse
+from gateway.context import RequestContext
+from gateway.sink import BufferSink
+from gateway.workers_state import Worker
+from tests.fakes import (
+    FakeWorker,
+    call,
+    chat,
+    completion_json,
+    inflight,
+    json_of,
+    running_gateway,
+    stream_of,
+)
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def events(sink: BufferSink) -> list[bytes]:
+    return list(sse.payloads(sink.body))
+
+
+def test_non_streaming_answer_is_relayed_with_usage_and_stages() -> None:
+    async def main() -> None:
+        async with FakeWorker(json_of(completion_json(prompt=11, completion=3))) as w, running_gateway([w.url]) as gw:
+            ctx, sink = await call(gw, chat())
+            assert sink.status == 200 and orjson.loads(sink.body)["choices"][0]["message"]["content"] == "hi there"
+            assert (ctx.prompt_tokens, ctx.completion_tokens, ctx.error) == (11, 3, None)
+            assert ctx.worker == w.url and ctx.attempts == 1
+            assert ctx.timings.upstream_connect is not None and ctx.timings.ttft is not None
+            assert sink.header(b"x-tollgate-max-tokens") == b"requested; value=8"
+            assert b"ttft;dur=" in (sink.header(b"server-timing") or b"")
+            assert inflight(gw) == 0
+    asyncio.run(main())
+
+
+def test_stream_is_forwarded_and_usage_stripped_unless_asked() -> None:
+    async def main() -> None:
+        async with FakeWorker(stream_of(["a", "b", "c"], prompt=5)) as w, running_gateway([w.url]) as gw:
+            ctx, sink = await call(gw, chat(stream=True))
+            got = events(sink)
+            assert got[-1] == sse.DONE and len(got) == 4, "three tokens and [DONE]; the usage event is stripped"
+            assert (ctx.prompt_tokens, ctx.completion_tokens) == (5, 3), "usage read even when stripped"
+            assert w.requests[-1]["stream_options"] == {"include_usage": True}, "the gateway always asks for usage"
+            ctx, sink = await call(gw, chat(stream=True, stream_options={"include_usage": True}))
+            assert orjson.loads(events(sink)[-2])["usage"]["completion_tokens"] == 3
+            assert ctx.timings.tpot is not None and inflight(gw) == 0
+    asyncio.run(main())
+
+
+def test_retry_before_first_byte_on_another_worker() -> None:
+    async def main() -> None:
+        async with FakeWorker(json_of({"error": "overloaded"}, status=503)) as bad, \
+                FakeWorker(json_of(completion_json())) as good, running_gateway([bad.url, good.url]) as gw:
+            for _ in range(4):  # whichever worker is picked first, the answer comes from the good one
+                ctx, sink = await call(gw, chat())
+                assert sink.status == 200 and ctx.worker == good.url
+            assert len(bad.requests) == 1, "the 503 cooled the bad worker down: it gets no second request"
+            assert ctx.attempts == 1 and inflight(gw) == 0
+    asyncio.run(main())
+
+
+def test_connect_error_is_retried_and_cools_the_worker_down() -> None:
+    async def main() -> None:
+        # scrape_interval_s=10: no scrape during the test, only requests find the dead worker out
+        async with FakeWorker(json_of(completion_json())) as good, \
+                running_gateway([good.url], scrape_interval_s=10) as gw:
+            workers = gw.upstreams.pools["main"].workers
+            dead = Worker(closed_port_url(), "main", healthy=True)
+            workers[0].waiting = 5  # the dead worker looks less loaded: it is picked first
+            workers.insert(0, dead)
+            answers = [await call(gw, chat()) for _ in range(3)]
+            assert all(sink.status == 200 and ctx.worker == good.url for ctx, sink in answers)
+            assert not dead.healthy and dead.last_error and "ClientConnectorError" in dead.last_error
+            assert answers[0][0].attempts == 2 and inflight(gw) == 0
+    asyncio.run(main())
+
+
+def test_every_worker_failing_is_a_502_that_names_nothing_internal() -> None:
+    async def main() -> None:
+        async with FakeWorker(json_of({"detail": "boom at 10.0.0.7:8000"}, status=500)) as w, \
+                running_gateway([w.url]) as gw:
+            ctx, sink = await call(gw, chat())
+            assert sink.status == 502
+            error = orjson.loads(sink.body)["error"]
+            assert error["code"] == "upstream_broken" and set(error) == {"message", "type", "param", "code"}
+            assert "127.0.0.1" not in error["message"] and "10.0.0.7" not in error["message"]
+            assert ctx.error == "upstream_broken" and ctx.worker == w.url, "the worker stays in the log line"
+            ctx, sink = await call(gw, chat())  # the worker is cooling down now: nothing to send to
+            assert sink.status == 503 and orjson.loads(sink.body)["error"]["code"] == "upstream_unavailable"
+            assert inflight(gw) == 0
+    asyncio.run(main())
+
+
+def test_a_workers_4xx_is_passed_on_as_an_error() -> None:
+    async def main() -> None:
+        complaint = {"error": {"message": "too long", "type": "BadRequestError", "param": None, "code": 400}}
+        async with FakeWorker(json_of(complaint, status=400)) as w, running_gateway([w.url]) as gw:
+            ctx, sink = await call(gw, chat())
+            assert sink.status == 400 and orjson.loads(sink.body) == complaint
+            assert ctx.error == "upstream_400" and inflight(gw) == 0
+            assert gw.upstreams.pools["main"].workers[0].healthy, "a 4xx is the request's fault, not the worker's"
+    asyncio.run(main())
+
+
+def test_mid_stream_failure_ends_the_stream_with_an_error_event() -> None:
+    async def main() -> None:
+        async with FakeWorker(stream_of(["a", "b", "c", "d"], break_after=2)) as w, running_gateway([w.url]) as gw:
+            ctx, sink = await call(gw, chat(stream=True))
+            got = events(sink)
+            assert sink.status == 200 and sink.complete
+            assert got[-1] == sse.DONE and orjson.loads(got[-2])["error"]["code"] == "upstream_stream_broken"
+            assert [orjson.loads(e)["choices"][0]["delta"]["content"] for e in got[:2]] == ["a", "b"]
+            assert ctx.error == "upstream_stream_broken" and inflight(gw) == 0
+    asyncio.run(main())
+
+
+def test_a_cancelled_request_gives_its_lease_back_and_drops_the_upstream() -> None:
+    """What the disconnect watch does to the pipeline when a client leaves, for streams and plain answers."""
+    async def main() -> None:
+        slow_stream = stream_of(["x"] * 200, gap_s=0.01)
+        async with FakeWorker(slow_stream) as s, FakeWorker(json_of(completion_json(), delay_s=5)) as j:
+            for worker, stream in ((s, True), (j, False)):
+                async with running_gateway([worker.url]) as gw:
+                    task = asyncio.create_task(call(gw, chat(stream=stream)))
+                    for _ in range(100):
+                        await asyncio.sleep(0.02)
+                        if inflight(gw):
+                            break
+                    assert inflight(gw) == 1
+                    await asyncio.sleep(0.1)
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+                    assert inflight(gw) == 0, f"lease leaked (stream={stream})"
+                    for _ in range(100):
+                        if worker.disconnects:
+                            break
+                        await asyncio.sleep(0.02)
+                    assert worker.disconnects == 1, "the worker saw the connection close (vLLM aborts then)"
+    asyncio.run(main())
+
+
+def test_client_errors_are_4xx_in_the_openai_shape() -> None:
+    async def main() -> None:
+        async with FakeWorker(json_of(completion_json())) as w, running_gateway([w.url]) as gw:
+            deep = b"[" * 300 + b"1" + b"]" * 300  # orjson reads 1,024 levels but writes only 255
+            ctx, sink = await call(gw, orjson.dumps(chat())[:-1] + b',"metadata_blob":' + deep + b"}")
+            assert sink.status == 400 and ctx.error == "invalid_json"
+            ctx, sink = await call(gw, {**chat(), "model": "m" * 10_000})
+            assert sink.status == 404 and ctx.model is None
+            assert len(orjson.loads(sink.body)["error"]["message"]) < 200, "a client's value is echoed cut short"
+            ctx, sink = await call(gw, chat(temperature=7))
+            assert sink.status == 400 and orjson.loads(sink.body)["error"]["param"] == "temperature"
+            assert w.requests == [] and inflight(gw) == 0
+    asyncio.run(main())
+
+
+def test_fail_after_the_answer_started_only_records() -> None:
+    async def main() -> None:
+        async with FakeWorker(json_of(completion_json())) as w, running_gateway([w.url]) as gw:
+            ctx = RequestContext("r", gw.store.current, "chat")
+            sink = BufferSink()
+            await sink.start(200, [])
+            await pipeline.fail(ctx, sink, pipeline.ApiError(502, "late"))
+            assert sink.status == 200 and sink.body == b"" and ctx.error == "invalid_request_error"
+    asyncio.run(main())
