@@ -93,6 +93,10 @@ def pairs(embedder: MiniLMEmbedder, path: Path) -> tuple[list[PairResult], list[
     return score(near), score(para)
 
 
+def _share(part: int, whole: int) -> str:
+    return f"{part / whole:.1%}" if whole else "0%"
+
+
 def report(threshold: float = 0.95, data: Path = GPTCACHE, pair_file: Path = PAIRS) -> tuple[str, dict[str, Any]]:
     embedder = MiniLMEmbedder()
     results: dict[str, Any] = {"threshold": threshold, "model": embedder.name}
@@ -128,7 +132,8 @@ def report(threshold: float = 0.95, data: Path = GPTCACHE, pair_file: Path = PAI
     para_off = sum(_served(r.cosine, r.rejected_by, threshold, False) for r in para)
     para_on = sum(_served(r.cosine, r.rejected_by, threshold, True) for r in para)
     lines += ["", f"Paraphrases ({len(para)} pairs): hits {para_off} with the verifier off, {para_on} with it on "
-              f"(the verifier costs {para_off - para_on} paraphrase hits; "
+              f"(the verifier costs {para_off - para_on} paraphrase hits, {_share(para_off - para_on, para_off)} of "
+              f"plain cosine's; "
               f"{sum(r.cosine < threshold for r in para)} paraphrases score below {threshold} and miss anyway).", ""]
     reasons: dict[str, int] = {}
     for r in near:
@@ -139,6 +144,9 @@ def report(threshold: float = 0.95, data: Path = GPTCACHE, pair_file: Path = PAI
     results["pairs"] = {"near_miss": len(near), "near_miss_served_verifier_off": served_off,
                         "near_miss_served_verifier_on": served_on, "paraphrases": len(para),
                         "paraphrase_hits_verifier_off": para_off, "paraphrase_hits_verifier_on": para_on,
+                        "paraphrase_cost": (para_off - para_on) / para_off if para_off else 0.0,
+                        "rejected_paraphrases": [(r.a, r.b, r.rejected_by) for r in para
+                                                 if r.cosine >= threshold and r.rejected_by],
                         "rejections": reasons,
                         "served_near_misses": [(r.a, r.b, round(r.cosine, 4)) for r in near
                                                if _served(r.cosine, r.rejected_by, threshold, True)]}

@@ -242,3 +242,33 @@ PLACES = {
 KO_PARTICLES = ("에서는", "으로는", "에게서", "까지는", "부터는", "에서", "으로", "에게", "한테", "까지", "부터", "처럼",
                  "보다", "이랑", "하고", "과의", "와의", "에는", "의", "은", "는", "이", "가", "을", "를", "에", "로", "와", "과",
                  "도", "만", "랑", "요")
+
+# Quantifiers by what they claim: some member, every member, or none. Two questions that quantify the same
+# thing differently ("where any item is late" / "where every item is late") ask different things.
+QUANTIFIERS = {
+    "any": "some", "some": "some", "anything": "some", "anyone": "some", "anybody": "some", "something": "some",
+    "someone": "some", "somebody": "some", "either": "some", "exists": "some",
+    "every": "all", "all": "all", "each": "all", "everything": "all", "everyone": "all", "everybody": "all",
+    "both": "all", "entire": "all", "whole": "all",
+    "no": "none", "none": "none", "nothing": "none", "nobody": "none", "neither": "none",
+    "most": "most", "majority": "most", "few": "few",
+    "어떤": "some", "아무": "some", "일부": "some", "몇몇": "some", "어느": "some",
+    "모든": "all", "모두": "all", "각": "all", "전부": "all", "전체": "all",
+}
+
+# Direction by position: what follows "from" is where something leaves, what follows "to" where it arrives.
+SOURCE_PREPOSITIONS = {"from"}
+DESTINATION_PREPOSITIONS = {"to", "into", "onto", "toward", "towards"}
+# Words that end a noun phrase (prepositions, conjunctions, question and clause words).
+PHRASE_END = {
+    "in", "at", "from", "to", "into", "onto", "toward", "towards", "near", "for", "of", "about", "on", "between",
+    "vs", "versus", "with", "without", "using", "via", "by", "through", "across", "over", "under", "after",
+    "before", "and", "or", "but", "so", "because", "while", "when", "where", "how", "what", "which", "why", "if",
+    "then", "than", "is", "are", "was", "were", "do", "does", "did", "can", "could", "should", "would", "will",
+}
+# "to" after these words starts a verb ("how to copy", "want to move"), not a destination.
+INFINITIVE_CUES = {
+    "how", "want", "wants", "wanted", "need", "needs", "way", "ways", "able", "try", "trying", "tried", "have", "has",
+    "going", "used", "like", "possible", "best", "easiest", "fastest", "simplest", "order", "supposed", "where",
+    "what", "when", "who", "why", "whether", "learn", "easy", "hard", "safe", "better", "time", "steps", "plan",
+}

@@ -2,8 +2,9 @@
 
 Embeddings place "convert km to miles" and "convert miles to km" at cosine 0.99: the words are the same,
 the answer is not. This check compares what changes an answer (numbers, units and their order,
-negation, polar words, times, comparatives, named entities, and any small substitution of a content
-word) and names the first difference it finds. It is plain Python on two short strings: tens of
+negation, which phrase is the source and which the destination, quantifiers, polar words, times,
+comparatives, named entities, and any small substitution of a content word) and names the first difference
+it finds. It is plain Python on two short strings: tens of
 microseconds. It works on English and Korean text (particles stripped, Korean cue words listed).
 """
 
@@ -21,15 +22,20 @@ from gateway.cache.lexicon import (
     ANTONYMS,
     COMMON_STARTERS,
     COMPARATIVES,
+    DESTINATION_PREPOSITIONS,
     EST_NOT_SUPERLATIVE,
     FILLER,
+    INFINITIVE_CUES,
     KO_PARTICLES,
     KO_UNITS,
     NEGATIONS,
     NUMBER_WORDS,
     OPPOSITE,
+    PHRASE_END,
     PLACES,
     POLAR,
+    QUANTIFIERS,
+    SOURCE_PREPOSITIONS,
     SYNONYM_OF,
     TIME_WORDS,
     UNIT_NEEDS_NUMBER,
@@ -176,10 +182,15 @@ def verify(query: str, candidate: str) -> str | None:
         return "entity"
     if not short:
         return None
-    # Question-length text: one word carries the meaning, so wording changes are checked too.
+    # Question-length text: one word carries the meaning, so wording changes are checked too. (On passages,
+    # rewrites move phrases between active and passive voice, which reads as a swap.)
+    if _roles_swapped(q.tokens, c.tokens):
+        return "direction"
+    if _quantifiers_differ(q, c):
+        return "quantifier"
     if _preposition_object_swap(q.tokens, c.tokens):
         return "entity"
-    if _operands_swapped(q.tokens, c.tokens, q.entities | c.entities):
+    if _operands_swapped(q.tokens, c.tokens, q.entities | c.entities, any(_roles(q.tokens)) and any(_roles(c.tokens))):
         return "direction"
     if _small_substitution(q.tokens, c.tokens):
         return "substitution"
@@ -215,7 +226,7 @@ _SHORT = 20  # tokens: a question rather than a passage
 _DIRECTIONAL = {"to", "into", "from", "than", "vs", "versus", "over", "per", "에서", "까지"}
 
 
-def _operands_swapped(a: tuple[str, ...], b: tuple[str, ...], entities: frozenset[str]) -> bool:
+def _operands_swapped(a: tuple[str, ...], b: tuple[str, ...], entities: frozenset[str], roles_known: bool) -> bool:
     """'X to Y' vs 'Y to X', 'A faster than B' vs 'B faster than A': the same words, the other direction."""
     def pairs(tokens: tuple[str, ...]) -> set[tuple[str, str, str]]:
         content = [t for t in tokens if t not in FILLER or t in _DIRECTIONAL]
@@ -229,12 +240,67 @@ def _operands_swapped(a: tuple[str, ...], b: tuple[str, ...], entities: frozense
     pa, pb = pairs(a), pairs(b)
     if any((y, p, x) in pb for x, p, y in pa if x != y):
         return True
-    # the order in which the named things appear, where the question has a direction
-    if _DIRECTIONAL & set(a) and _DIRECTIONAL & set(b):
+    # the order in which the named things appear, where the question has a direction and the phrases' roles
+    # did not settle it ("from London to Paris" / "to Paris from London": roles on both sides, none swapped)
+    if _DIRECTIONAL & set(a) and _DIRECTIONAL & set(b) and not roles_known:
         order_a = [t for t in a if t in entities]
         order_b = [t for t in b if t in entities]
         return sorted(order_a) == sorted(order_b) and len(set(order_a)) > 1 and order_a != order_b
     return False
+
+
+def _quantifiers_differ(a: Features, b: Features) -> bool:
+    """Both quantify, differently: any/some vs every/all/each vs none/no vs most. Under a negation ("does not
+    mention any" = "mentions none") the classes shift, and the negation check has compared that already."""
+    if a.negations or b.negations:
+        return False
+    classes_a, classes_b = _quantifier_classes(a.tokens), _quantifier_classes(b.tokens)
+    return bool(classes_a and classes_b and classes_a != classes_b)
+
+
+def _quantifier_classes(tokens: tuple[str, ...]) -> set[str]:
+    """Idioms that only look quantified ("at all", "after all") do not count."""
+    return {QUANTIFIERS[t] for i, t in enumerate(tokens)
+            if t in QUANTIFIERS and not (t == "all" and i and tokens[i - 1] in ("at", "after"))}
+
+
+def _canon(word: str) -> str:
+    return word[:-1] if word.endswith("s") and len(word) > 3 and not word.endswith("ss") else word
+
+
+def _roles(tokens: tuple[str, ...]) -> tuple[set[str], set[str]]:
+    """Content words where something comes from (after "from", or the object right before "to") and where it
+    goes (after "to", "into" ...). Each phrase runs to the next preposition, conjunction or clause word."""
+    source: set[str] = set()
+    destination: set[str] = set()
+    for i, token in enumerate(tokens):
+        if token in SOURCE_PREPOSITIONS:
+            role = source
+        elif token in DESTINATION_PREPOSITIONS and not (i == 0 or tokens[i - 1] in INFINITIVE_CUES):
+            role = destination
+            for before in reversed(tokens[:i]):  # the thing that moves: "copy the unix timestamp | to ..."
+                if before in PHRASE_END:
+                    break
+                if before not in FILLER:
+                    source.add(_canon(before))
+        else:
+            continue
+        for after in tokens[i + 1:]:
+            if after in PHRASE_END:
+                break
+            if after not in FILLER:
+                role.add(_canon(after))
+    return source, destination
+
+
+def _roles_swapped(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """A phrase is where something goes in one question and where it comes from in the other ("from my laptop
+    to a remote server" / "from a remote server to my laptop"). Words in both roles on one side prove nothing."""
+    source_a, destination_a = _roles(a)
+    source_b, destination_b = _roles(b)
+    moved = (destination_a & source_b) - source_a - destination_b
+    moved_back = (source_a & destination_b) - destination_a - source_b
+    return bool(moved or moved_back)
 
 
 def _small_substitution(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
