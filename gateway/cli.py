@@ -32,8 +32,8 @@ def _policy_path(text: str) -> Path:
 def _serve(policy: Path, host: str, port: int, banner: str | None = None) -> None:
     import uvicorn
 
-    from gateway.accounting import start_logging
     from gateway.app import create_app
+    from gateway.logs import start_logging
     from gateway.policy.loader import PolicyError, PolicyStore
 
     try:

@@ -277,6 +277,7 @@ def test_request_log_line(one_worker: tuple[Proc, Proc]) -> None:
     entry = line()
     assert entry is not None
     assert entry["tenant"] == "demo" and entry["tier"] == "standard" and entry["status"] == 200
+    assert entry["time"].endswith("Z") and entry["time"][:4].isdigit(), "an ISO-8601 UTC timestamp"
     assert entry["completion_tokens"] == 5 and entry["prompt_tokens"] > 0
     assert set(entry["stages_ms"]) == {"queue_wait", "cache", "upstream_connect", "ttft", "tpot", "total"}
     assert entry["cache"] is None, "the cache is off in this policy"
