@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from gateway import accounting, admin, pipeline
 from gateway.asgi import AsgiSink, Receive, Scope, Send, read_body, request_headers, until_disconnect
-from gateway.auth import authenticate
+from gateway.auth import authenticate, token_matches
 from gateway.context import RequestContext
 from gateway.openai_api import ApiError
 from gateway.policy.loader import PolicyStore
@@ -86,12 +86,20 @@ def create_app(store: PolicyStore) -> HotPaths:
         return json_response({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        missing = gw.ready()
-        if missing:
-            return json_response({"status": "unready", "models_without_healthy_worker": missing}, 503)
+        reason = gw.unready()
+        if reason:
+            return json_response({"status": "unready", "reason": reason}, 503)
         return json_response({"status": "ready"})
 
     async def metrics(request: Request) -> Response:
+        expected = store.current.policy.server.metrics_token_sha256
+        if expected is not None:
+            try:
+                authorization = request_headers(request.scope).get(b"authorization")
+            except ApiError as exc:
+                return Response(exc.body(), status_code=exc.status, media_type="application/json")
+            if not token_matches(authorization, expected):
+                return error_response(401, "A valid metrics token is required.", "invalid_metrics_token")
         for pool in gw.upstreams.pools.values():
             pool.publish()
         return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -115,7 +123,7 @@ def create_app(store: PolicyStore) -> HotPaths:
         exception_handlers={404: not_found, 405: not_found},
         lifespan=gw.lifespan,
     )
-    return HotPaths(app, {"/v1/chat/completions": chat, "/v1/completions": completions})
+    return HotPaths(app, {"/v1/chat/completions": chat, "/v1/completions": completions}, gw)
 
 
 class HotPaths:
@@ -125,9 +133,10 @@ class HotPaths:
     that and its routing were ~15% of the gateway's CPU. Everything else goes through Starlette.
     """
 
-    def __init__(self, app: Starlette, hot: dict[str, Completions]) -> None:
+    def __init__(self, app: Starlette, hot: dict[str, Completions], gateway: Gateway) -> None:
         self.app = app
         self.hot = hot
+        self.gateway = gateway
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":

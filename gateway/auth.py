@@ -39,9 +39,13 @@ def authenticate(authorization: bytes | None, snapshot: PolicySnapshot) -> Tenan
     return tenant
 
 
-def is_admin(authorization: bytes | None, snapshot: PolicySnapshot) -> bool:
-    expected = snapshot.policy.server.admin_token_sha256
+def token_matches(authorization: bytes | None, expected: str | None) -> bool:
+    """A bearer token checked against a 'sha256:<hex>' hash from the policy, in constant time."""
     token = bearer(authorization)
     if expected is None or token is None:
         return False
     return hmac.compare_digest("sha256:" + hash_key(token), expected)
+
+
+def is_admin(authorization: bytes | None, snapshot: PolicySnapshot) -> bool:
+    return token_matches(authorization, snapshot.policy.server.admin_token_sha256)

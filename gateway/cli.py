@@ -35,16 +35,34 @@ def _serve(policy: Path, host: str, port: int, banner: str | None = None) -> Non
     from gateway.app import create_app
     from gateway.logs import start_logging
     from gateway.policy.loader import PolicyError, PolicyStore
+    from gateway.server import Limits, protocol_for
 
     try:
         store = PolicyStore.from_file(policy)
     except PolicyError as exc:
         sys.exit(f"tollgate: {policy} is not a valid policy:\n{exc}")
     listener = start_logging()
-    config = uvicorn.Config(create_app(store), host=host, port=port, loop="uvloop", http="httptools",
-                            lifespan="on", access_log=False, log_level="warning", timeout_keep_alive=75,
+    server_policy = store.current.policy.server
+    limits = Limits(max_request_line_bytes=server_policy.max_request_line_bytes,
+                    max_header_bytes=server_policy.max_header_bytes, max_headers=server_policy.max_headers,
+                    idle_timeout_s=server_policy.idle_timeout_s, header_timeout_s=server_policy.header_timeout_s,
+                    body_timeout_s=server_policy.body_timeout_s)
+    app = create_app(store)
+    config = uvicorn.Config(app, host=host, port=port, loop="uvloop", http=protocol_for(limits),
+                            lifespan="on", access_log=False, log_level="warning",
+                            timeout_keep_alive=int(max(1, server_policy.idle_timeout_s)),
+                            limit_concurrency=server_policy.max_connections,
+                            timeout_graceful_shutdown=int(server_policy.shutdown_grace_s),
                             proxy_headers=False, server_header=False)
     server = uvicorn.Server(config)
+    stop = server.handle_exit
+
+    def drain(sig: int, frame: object) -> None:
+        """SIGTERM/SIGINT: /readyz turns 503 at once; uvicorn stops accepting and lets answers in flight
+        finish for server.shutdown_grace_s."""
+        app.gateway.draining = True
+        stop(sig, frame)  # type: ignore[arg-type]
+    server.handle_exit = drain  # type: ignore[method-assign]
     if banner:
         original_startup = server.startup
 

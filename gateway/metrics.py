@@ -56,6 +56,9 @@ class GatewayMetrics:
         self.cache_store_errors = Counter("tollgate_cache_store_errors", "Cache writes deferred: store down.",
                                           registry=r)
         self.cache_entries = Gauge("tollgate_cache_entries", "Entries in this replica's semantic index.", registry=r)
+        self.loop_lag = Histogram("tollgate_event_loop_lag_seconds", "How late the event loop ran a 100 ms timer: "
+                                  "a gateway starved of CPU or blocked by a long call shows here first.",
+                                  buckets=FAST_BUCKETS, registry=r)
         self._children: dict[tuple[str, str], tuple[object, ...]] = {}
 
     def stage_children(self, tier: str, model: str) -> tuple:  # type: ignore[type-arg]

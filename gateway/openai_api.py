@@ -26,13 +26,15 @@ class ApiError(Exception):
     """An error answered to the client as OpenAI's error JSON."""
 
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 code: str | None = None, param: str | None = None) -> None:
+                 code: str | None = None, param: str | None = None,
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type_
         self.code = code
         self.param = param
+        self.headers = headers or []  # e.g. Retry-After on a 429
 
     def body(self) -> bytes:
         return error_body(self.message, self.type, self.code, self.param)
@@ -189,14 +191,15 @@ async def prepare(ctx: RequestContext, raw: bytes) -> Call:
         options = body.get("stream_options") or {}
         wants_usage = bool(options.get("include_usage"))
         body["stream_options"] = {**options, "include_usage": True}  # accounting needs the usage
-    if route.upstream_model:
-        body["model"] = route.upstream_model
     return Call(body, route, wants_usage, len(raw))
 
 
 async def serialise(call: Call) -> bytes:
     """The body for the worker. JSON the client sent but that cannot be written back (orjson writes at most
-    255 levels of nesting, reads 1,024) is the client's error, not the gateway's."""
+    255 levels of nesting, reads 1,024) is the client's error, not the gateway's. The model is renamed here, for
+    the workers only: the cache keys on the name the client asked for."""
+    if call.route.upstream_model:
+        call.body["model"] = call.route.upstream_model
     try:
         if call.size <= LARGE_BODY:
             return orjson.dumps(call.body)

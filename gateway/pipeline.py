@@ -86,7 +86,7 @@ async def fail(ctx: RequestContext, sink: Sink, exc: ApiError) -> None:
     if sink.status is not None:
         return
     body = exc.body()
-    await sink.start(exc.status, [*ctx.response_headers(), (b"content-type", b"application/json"),
+    await sink.start(exc.status, [*ctx.response_headers(), *exc.headers, (b"content-type", b"application/json"),
                                   (b"content-length", str(len(body)).encode())])
     await sink.send(body)
 

@@ -25,6 +25,7 @@ class Gateway:
         self.upstreams = Upstreams(self.metrics, traces=[connect_trace()])
         self.scheduler = Scheduler()
         self.cache: SemanticCache | None = None
+        self.draining = False  # set on SIGTERM: /readyz turns 503 while answers in flight finish
         self._tasks: set[asyncio.Task[None]] = set()  # background work; each task leaves the set when done
 
     @contextlib.asynccontextmanager
@@ -34,6 +35,7 @@ class Gateway:
         self.store.listeners.append(self._on_policy)
         self.store.rejection_listeners.append(self._on_policy_rejected)
         self._spawn(self.store.watch())
+        self._spawn(self._watch_loop_lag())
         try:
             yield
         finally:
@@ -43,11 +45,23 @@ class Gateway:
                 await self.cache.close()
             await self.upstreams.close()
 
-    def ready(self) -> list[str]:
-        """The models that no healthy worker serves now (empty when ready)."""
+    def unready(self) -> str | None:
+        """Why this replica should get no traffic now, or None when it is ready."""
+        if self.draining:
+            return "shutting down"
         policy = self.store.current.policy
-        return [name for name, route in policy.models.items()
-                if not (pool := self.upstreams.pools.get(route.pool)) or not pool.ready()]
+        if not policy.models:
+            return "no model is configured"
+        missing = [name for name, route in policy.models.items()
+                   if not (pool := self.upstreams.pools.get(route.pool)) or not pool.ready()]
+        return f"no healthy worker for: {', '.join(missing)}" if missing else None
+
+    async def _watch_loop_lag(self, interval: float = 0.1) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            await asyncio.sleep(interval)
+            self.metrics.loop_lag.observe(max(0.0, loop.time() - started - interval))
 
     def _on_policy(self, snapshot: PolicySnapshot) -> None:
         self.metrics.policy_reloads.labels("ok").inc()

@@ -32,6 +32,7 @@ class Worker:
     waiting: float = 0.0
     kv_usage: float = 0.0
     last_error: str | None = None
+    failed_checks: int = 0  # consecutive failed health checks
 
     def available(self, now: float) -> bool:
         return self.healthy and now >= self.cooldown_until
@@ -66,7 +67,17 @@ def parse_load(text: bytes) -> dict[str, float]:
     return found
 
 
-async def scrape(worker: Worker, session: aiohttp.ClientSession, request_timeout: aiohttp.ClientTimeout) -> None:
+def describe(exc: BaseException) -> str:
+    """An exception as a log reason: its class, and its message when it has one (a timeout has none)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+async def scrape(worker: Worker, session: aiohttp.ClientSession, request_timeout: aiohttp.ClientTimeout,
+                 unhealthy_after: int = 1) -> None:
+    """One health check and metrics read. A worker leaves routing after ``unhealthy_after`` consecutive
+    failures, so one late answer (say, while this loop was briefly busy) does not drop a healthy worker;
+    a failed real request still cools it down at once (Worker.fail)."""
     try:
         async with session.get(worker.url + "/health", timeout=request_timeout) as health:
             await health.read()
@@ -76,11 +87,14 @@ async def scrape(worker: Worker, session: aiohttp.ClientSession, request_timeout
             text = await metrics.read()
             load = parse_load(text) if metrics.status == 200 else {}
     except (aiohttp.ClientError, TimeoutError, RuntimeError) as exc:
-        if worker.healthy:
-            log.warning("worker %s failed its health check: %s", worker.url, exc)
-        worker.healthy = False
-        worker.last_error = str(exc) or type(exc).__name__
+        worker.failed_checks += 1
+        worker.last_error = describe(exc)
+        if worker.healthy and worker.failed_checks >= unhealthy_after:
+            log.warning("worker %s failed %d health checks in a row: %s", worker.url, worker.failed_checks,
+                        worker.last_error)
+            worker.healthy = False
         return
+    worker.failed_checks = 0
     worker.waiting = load.get("waiting", 0.0)
     worker.kv_usage = load.get("kv_usage", 0.0)
     if not worker.healthy and time.monotonic() >= worker.cooldown_until:
@@ -90,8 +104,8 @@ async def scrape(worker: Worker, session: aiohttp.ClientSession, request_timeout
 
 
 async def scrape_forever(workers: list[Worker], session: aiohttp.ClientSession, request_timeout: aiohttp.ClientTimeout,
-                         interval: float, after_round: Callable[[], None]) -> None:
+                         interval: float, unhealthy_after: int, after_round: Callable[[], None]) -> None:
     while True:
-        await asyncio.gather(*(scrape(w, session, request_timeout) for w in workers))
+        await asyncio.gather(*(scrape(w, session, request_timeout, unhealthy_after) for w in workers))
         after_round()
         await asyncio.sleep(interval)

@@ -91,7 +91,7 @@ def test_connect_error_is_retried_and_cools_the_worker_down() -> None:
 
 def test_every_worker_failing_is_a_502_that_names_nothing_internal() -> None:
     async def main() -> None:
-        async with FakeWorker(json_of({"detail": "boom at 10.0.0.7:8000"}, status=500)) as w, \
+        async with FakeWorker(json_of({"detail": "boom at 10.0.0.7:8000"}, status=503)) as w, \
                 running_gateway([w.url]) as gw:
             ctx, sink = await call(gw, chat())
             assert sink.status == 502

@@ -33,6 +33,9 @@ class Embedder(Protocol):
 
     async def embed(self, text: str) -> np.ndarray: ...
 
+    def expected_wait_s(self) -> float:
+        """How long an embed() called now would wait for its vector (0 if unknown)."""
+
     def close(self) -> None: ...
 
 
@@ -89,6 +92,9 @@ class MiniLMEmbedder:
     async def embed(self, text: str) -> np.ndarray:
         return (await asyncio.to_thread(self.embed_many, [text]))[0]
 
+    def expected_wait_s(self) -> float:
+        return 0.0
+
     def close(self) -> None:
         return None
 
@@ -118,8 +124,9 @@ def _serve(requests: Any, results: Any, batch_max: int, batch_wait_s: float, nic
                 break
             batch.append(item)
         try:
+            started = time.perf_counter()
             vectors = encode([text for _, text in batch])
-            results.send(("ok", ([rid for rid, _ in batch], vectors.tobytes())))
+            results.send(("ok", ([rid for rid, _ in batch], vectors.tobytes(), time.perf_counter() - started)))
         except Exception as exc:  # answer every waiter, keep serving
             results.send(("error", ([rid for rid, _ in batch], repr(exc))))
         if requests is None:
@@ -151,6 +158,7 @@ class ProcessEmbedder:
         self._pending: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[np.ndarray]]] = {}
         self._ids = itertools.count()
         self._outbox: queue.SimpleQueue[tuple[int, str] | None] = queue.SimpleQueue()
+        self._seconds_per_text = 0.012  # refined from every batch the process reports (EWMA)
         self._lock = threading.Lock()
         threading.Thread(target=self._send_loop, name="tollgate-embedder-send", daemon=True).start()
         threading.Thread(target=self._receive_loop, name="tollgate-embedder-recv", daemon=True).start()
@@ -168,8 +176,16 @@ class ProcessEmbedder:
             with self._lock:
                 self._pending.pop(rid, None)
 
+    def expected_wait_s(self) -> float:
+        """How long a text queued now would wait for its vector: the backlog at the measured rate."""
+        return len(self._pending) * self._seconds_per_text
+
     def _send_loop(self) -> None:
         while (item := self._outbox.get()) is not None:
+            with self._lock:
+                wanted = item[0] in self._pending
+            if not wanted:
+                continue  # its lookup gave up already: do not spend the model on it
             try:
                 self._req_w.send(item)
             except (OSError, ValueError):
@@ -178,18 +194,21 @@ class ProcessEmbedder:
     def _receive_loop(self) -> None:
         while True:
             try:
-                status, (rids, payload) = self._res_r.recv()
+                status, message = self._res_r.recv()
             except (EOFError, OSError):
                 with self._lock:
                     rids = list(self._pending)
                 self._fail(rids, "the embedder process exited")
                 return
             if status == "ok":
+                rids, payload, seconds = message
+                self._seconds_per_text += 0.2 * (seconds / len(rids) - self._seconds_per_text)
                 vectors = np.frombuffer(payload, dtype=np.float32).reshape(len(rids), self.dim)
                 for rid, vector in zip(rids, vectors, strict=True):
                     self._resolve(rid, vector, None)
             else:
-                self._fail(rids, payload)
+                rids, why = message
+                self._fail(rids, why)
 
     def _fail(self, rids: list[int], why: str) -> None:
         for rid in rids:

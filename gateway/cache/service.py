@@ -25,6 +25,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy.schema import CachePolicy
 
 log = logging.getLogger("tollgate.cache")
+_PENDING_MAX = 1000
+_STORE_EMBED_BUDGET_S = 1.0  # a busier embedder does not embed answers to store (they stay exact-only)
 
 
 @dataclass(slots=True)
@@ -49,7 +51,8 @@ class SemanticCache:
         self.index: VectorIndex | None = None
         self._down_until = 0.0
         self._last_warning = 0.0
-        self._pending: collections.deque[Entry] = collections.deque(maxlen=1000)
+        # Writes made while the store is down, one per exact request (the latest), replayed when it is back.
+        self._pending: collections.OrderedDict[str, Entry] = collections.OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
         self._sync: asyncio.Task[None] | None = None
 
@@ -116,14 +119,24 @@ class SemanticCache:
         return entry.scope == key.scope and entry.completion_tokens <= key.max_tokens and (
             entry.finish_reason != "length" or entry.max_tokens == key.max_tokens)
 
+    @staticmethod
+    def _budget_s(spec: CachePolicy, started: float) -> float:
+        """What is left of the lookup timeout, less a margin for the search and the store read."""
+        return spec.lookup_timeout_ms / 1000 * 0.8 - (time.perf_counter() - started)
+
     async def _lookup(self, key: CacheKey, spec: CachePolicy) -> Lookup:
         assert self.index is not None and self.embedder is not None
+        started = time.perf_counter()
         entry = await self._guarded(self.store.get_exact(key.exact))
         if entry is not None and self._fits(entry, key):
             self._background(self._guarded(self.store.touch(entry)))
             return Lookup("hit-exact", entry, 1.0)
         if not key.semantic:
             return Lookup("miss", reason=f"language:{key.language}")
+        if self.embedder.expected_wait_s() > self._budget_s(spec, started):
+            # Shed the cache's own work first: under a burst, waiting for a vector would only make the
+            # request slower and then give up; the exact layer was checked already.
+            return Lookup("bypass", reason="embedder_busy")
         vector = await self.embedder.embed(key.text)
         index = self.index
         if index.size(key.scope) > 4096:
@@ -173,7 +186,9 @@ class SemanticCache:
             return
         if vector is None and key.semantic:
             assert self.embedder is not None
-            vector = await self.embedder.embed(key.text)
+            if self.embedder.expected_wait_s() <= _STORE_EMBED_BUDGET_S:
+                vector = await self.embedder.embed(key.text)
+            # else: busy embedder; the answer is kept for exact repeats only
         entry = Entry(tenant=key.tenant, model=key.model, endpoint=endpoint, scope=key.scope, exact=key.exact,
                       question=key.text, answer=text, finish_reason=finish,
                       prompt_tokens=int(usage.get("prompt_tokens") or 0),
@@ -186,7 +201,10 @@ class SemanticCache:
         try:
             evicted = await self._guarded(self.store.put(entry, max_per_tenant))
         except StoreUnavailable:
-            self._pending.append(entry)  # written when the store is back
+            self._pending.pop(entry.exact, None)
+            self._pending[entry.exact] = entry  # written when the store is back
+            if len(self._pending) > _PENDING_MAX:
+                self._pending.popitem(last=False)
             self.metrics.cache_store_errors.inc()
             return
         if entry.vector is not None:
@@ -197,7 +215,7 @@ class SemanticCache:
 
     async def flush_pending(self) -> None:
         while self._pending:
-            entry = self._pending.popleft()
+            _, entry = self._pending.popitem(last=False)
             if entry.alive():
                 await self._put(entry, self.spec.max_entries_per_tenant)
                 if time.monotonic() < self._down_until:
@@ -213,11 +231,11 @@ class SemanticCache:
     async def purge(self, tenant: str | None = None, model: str | None = None, entry_id: str | None = None) -> int:
         assert self.index is not None
         ids = [entry_id] if entry_id else await self._guarded(self.store.select(tenant, model))
-        await self._guarded(self.store.delete(ids))
+        removed = await self._guarded(self.store.delete(ids))
         for i in ids:
             self.index.remove(i)
         self.metrics.cache_entries.set(len(self.index))
-        return len(ids)
+        return removed
 
     # -- replicas ---------------------------------------------------------------------------------------
 

@@ -67,7 +67,7 @@ class CacheStore(Protocol):
     async def get_exact(self, exact: str) -> Entry | None: ...
     async def put(self, entry: Entry, max_per_tenant: int) -> list[str]: ...
     async def touch(self, entry: Entry) -> None: ...
-    async def delete(self, ids: list[str]) -> None: ...
+    async def delete(self, ids: list[str]) -> int: ...
     async def select(self, tenant: str | None, model: str | None) -> list[str]: ...
     def scan(self) -> AsyncIterator[Entry]: ...
     async def events(self, cursor: str, block_ms: int) -> tuple[list[tuple[str, str]], str]: ...
@@ -113,14 +113,18 @@ class MemoryStore:
         if lru is not None and entry.id in lru:
             lru.move_to_end(entry.id)
 
-    async def delete(self, ids: list[str]) -> None:
+    async def delete(self, ids: list[str]) -> int:
+        """Remove entries; returns how many existed."""
+        removed = 0
         for entry_id in ids:
             entry = self.entries.pop(entry_id, None)
             if entry is None:
                 continue
+            removed += 1
             if self.exact.get(entry.exact) == entry_id:
                 del self.exact[entry.exact]
             self.lru.get(entry.tenant, OrderedDict()).pop(entry_id, None)
+        return removed
 
     async def select(self, tenant: str | None, model: str | None) -> list[str]:
         return [e.id for e in self.entries.values()
@@ -178,31 +182,36 @@ class RedisStore:
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(self._key(entry.id), mapping=entry.to_redis())
         pipe.expire(self._key(entry.id), ttl)
-        pipe.set(f"{self.PREFIX}x:{entry.exact}", entry.id, ex=ttl)
+        pipe.set(f"{self.PREFIX}x:{entry.exact}", entry.id, ex=ttl, get=True)
         pipe.zadd(lru, {entry.id: time.time()})
         pipe.xadd(self.STREAM, {"op": "put", "id": entry.id}, maxlen=100_000, approximate=True)
         pipe.zcard(lru)
         results = await self._call(pipe.execute())
+        replaced = results[2].decode() if results[2] else None
+        evicted = [replaced] if replaced and replaced != entry.id else []  # one entry per exact request
         overflow = int(results[-1]) - max_per_tenant
-        if overflow <= 0:
-            return []
-        popped = await self._call(self.redis.zpopmin(lru, overflow))
-        evicted = [member.decode() for member, _ in popped]
-        await self.delete(evicted)
+        if overflow > 0:
+            popped = await self._call(self.redis.zpopmin(lru, overflow))
+            evicted += [member.decode() for member, _ in popped]
+        if evicted:
+            await self.delete(evicted)
         return evicted
 
     async def touch(self, entry: Entry) -> None:
         await self._call(self.redis.zadd(f"{self.PREFIX}lru:{entry.tenant}", {entry.id: time.time()}, xx=True))
 
-    async def delete(self, ids: list[str]) -> None:
+    async def delete(self, ids: list[str]) -> int:
+        """Remove entries; returns how many existed."""
         if not ids:
-            return
+            return 0
         pipe = self.redis.pipeline(transaction=False)
         for entry_id in ids:
             pipe.hmget(self._key(entry_id), ["tenant", "exact"])
         found = await self._call(pipe.execute())
         pipe = self.redis.pipeline(transaction=True)
+        deletes = []  # where each entry's DEL answer lands in the pipeline's results
         for entry_id, (tenant, exact) in zip(ids, found, strict=True):
+            deletes.append(len(pipe))
             pipe.delete(self._key(entry_id))
             if exact:
                 # only if the exact key still points here
@@ -211,7 +220,8 @@ class RedisStore:
             if tenant:
                 pipe.zrem(f"{self.PREFIX}lru:{tenant.decode()}", entry_id)
             pipe.xadd(self.STREAM, {"op": "del", "id": entry_id}, maxlen=100_000, approximate=True)
-        await self._call(pipe.execute())
+        results = await self._call(pipe.execute())
+        return sum(int(results[i]) for i in deletes)
 
     async def select(self, tenant: str | None, model: str | None) -> list[str]:
         ids = []

@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -203,16 +204,24 @@ class PolicyStore:
         return self.apply(snapshot)
 
     async def apply_text(self, text: str, source: str = "admin API") -> dict[str, list[str]]:
-        """Validate text and make it live; write it to the policy file so a restart keeps it."""
+        """Validate text and make it live, then write it to the policy file so a restart keeps it.
+
+        The admin API cannot turn itself off: a policy without the admin token is refused here (edit the
+        file to do that). The file is written only once the policy is live: to a temporary file first, the
+        previous file kept as ``<name>.bak``, then renamed into place (atomic on POSIX)."""
         try:
             policy = await asyncio.to_thread(parse_policy, text)
+            if self.current.policy.server.admin_token_sha256 and policy.server.admin_token_sha256 is None:
+                raise PolicyError([("server.admin_token_sha256", "removing the admin token through the admin API "
+                                    "would lock the admin API out; edit the policy file to do that")])
         except PolicyError as exc:
             self.reject(exc, source)
             raise
+        changes = self.apply(PolicySnapshot.build(policy, source))
         if self.path is not None:
-            await asyncio.to_thread(_write_atomically, self.path, text)
+            await asyncio.to_thread(_write_with_backup, self.path, text)
             self._stamp = _stamp(self.path)
-        return self.apply(PolicySnapshot.build(policy, source))
+        return changes
 
     async def watch(self, interval: float = 1.0) -> None:
         """Reload when the file changes (mtime, size or inode) and on SIGHUP."""
@@ -245,7 +254,12 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
     return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def _write_with_backup(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    if path.exists():
+        shutil.copy2(path, path.with_name(path.name + ".bak"))
     os.replace(tmp, path)

@@ -63,6 +63,8 @@ class Pool(Strict):
     read_timeout_s: float = Field(120.0, gt=0, description="longest silence allowed between upstream bytes")
     scrape_interval_s: float = Field(0.5, ge=0.1, le=10)
     cooldown_s: float = Field(5.0, ge=0, description="how long a failed worker is left out before re-admission")
+    unhealthy_after: int = Field(3, ge=1, description="consecutive failed health checks before a worker is left "
+                                 "out (a failed request leaves it out at once)")
 
 
 class ModelRoute(Strict):
@@ -71,10 +73,23 @@ class ModelRoute(Strict):
 
 
 class Server(Strict):
+    """The HTTP server's limits (read at start; a reload changes the body limit and tokens at once, the rest at
+    the next start) and the admin and metrics tokens."""
+
     max_body_bytes: int = Field(1_048_576, ge=1024)
     admin_token_sha256: str | None = Field(None, description="sha256 of the admin token for /admin/*")
+    metrics_token_sha256: str | None = Field(None, description="if set, /metrics needs this bearer token")
+    max_request_line_bytes: int = Field(8192, ge=256, description="longer request lines get 414")
+    max_header_bytes: int = Field(32768, ge=1024, description="larger request heads get 431")
+    max_headers: int = Field(100, ge=8, description="more header lines get 431")
+    idle_timeout_s: float = Field(30.0, gt=0, description="a connection with no request in flight is closed")
+    header_timeout_s: float = Field(10.0, gt=0, description="from a request's first byte to the end of its head")
+    body_timeout_s: float = Field(30.0, gt=0, description="from the head to the end of the body")
+    max_connections: int = Field(4096, ge=1, description="concurrent connections (and requests); more get 503")
+    tenant_max_concurrency: int = Field(512, ge=1, description="requests in flight per tenant; more get 429")
+    shutdown_grace_s: float = Field(30.0, ge=0, description="on SIGTERM, how long answers in flight may take")
 
-    @field_validator("admin_token_sha256")
+    @field_validator("admin_token_sha256", "metrics_token_sha256")
     @classmethod
     def _hashed(cls, value: str | None) -> str | None:
         if value is not None and not _KEY_HASH.match(value):
@@ -126,6 +141,7 @@ class CachePolicy(Strict):
 
 class Policy(Strict):
     version: Literal[1] = 1
+    allow_empty: bool = Field(False, description="accept a policy with no tenants or no models (serves nothing)")
     server: Server = Server()
     tiers: dict[Tier, TierPolicy] = Field(default_factory=lambda: {t: TierPolicy() for t in TIERS})
     tenants: dict[Name, Tenant] = Field(default_factory=dict)
@@ -138,6 +154,11 @@ class Policy(Strict):
 def cross_reference_errors(policy: Policy) -> list[tuple[str, str]]:
     """Checks that span sections; pydantic validates each section on its own."""
     errors: list[tuple[str, str]] = []
+    if not policy.allow_empty:
+        for section in ("tenants", "models"):
+            if not getattr(policy, section):
+                errors.append((section, f"no {section}: this policy would serve nothing (set allow_empty: true "
+                                        "if that is intended)"))
     owners: dict[str, str] = {}
     for name, tenant in policy.tenants.items():
         if tenant.tier not in policy.tiers:

@@ -17,12 +17,9 @@ import aiohttp
 from gateway.context import RequestContext
 from gateway.openai_api import ApiError
 from gateway.routing import pick
-from gateway.upstream.errors import UpstreamError, worker_errors
+from gateway.upstream.errors import COOLDOWN_STATUS, RETRYABLE_STATUS, UpstreamError, worker_errors
 from gateway.upstream.pools import UpstreamPool
 from gateway.workers_state import Worker
-
-_RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
-_COOLDOWN_STATUS = frozenset({502, 503, 504})
 
 # Set by aiohttp's trace hook in the request's own task: when the request head was written to the worker.
 _head_sent_at: contextvars.ContextVar[list[float]] = contextvars.ContextVar("head_sent_at")
@@ -73,9 +70,9 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str,
                 _head_sent_at.reset(token)
             ctx.timings.upstream_connect = (stamp[0] if stamp else time.perf_counter()) - sent_at
             status = response.status
-            if status in _RETRYABLE_STATUS and attempt == 0 and pick(pool.workers, exclude) is not None:
+            if status in RETRYABLE_STATUS and attempt == 0 and pick(pool.workers, exclude) is not None:
                 response.close()
-                if status in _COOLDOWN_STATUS:
+                if status in COOLDOWN_STATUS:
                     worker.fail(f"HTTP {status}", pool.spec.cooldown_s)
                 continue
             try:

@@ -12,9 +12,11 @@ from types import TracebackType
 import aiohttp
 
 from gateway.openai_api import ApiError
-from gateway.workers_state import Worker
+from gateway.workers_state import Worker, describe
 
 TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
+RETRYABLE_STATUS = frozenset({500, 502, 503, 504})  # retried on another worker before the first byte
+COOLDOWN_STATUS = frozenset({502, 503, 504})  # the worker is overloaded or down: leave it out for a while
 
 _CLIENT_MESSAGE = {
     "connect": "No worker could take the request.",
@@ -31,11 +33,6 @@ class UpstreamError(ApiError):
         super().__init__(502, _CLIENT_MESSAGE[phase], "server_error", _CODE[phase])
         self.phase = phase
         self.reason = reason
-
-
-def describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class worker_errors:

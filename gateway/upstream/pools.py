@@ -68,7 +68,8 @@ class UpstreamPool:
         await asyncio.gather(*(scrape(w, self._scrape_session, timeout) for w in self.workers))
         self.publish()
         self._scraper = asyncio.get_running_loop().create_task(
-            scrape_forever(self.workers, self._scrape_session, timeout, self.spec.scrape_interval_s, self.publish))
+            scrape_forever(self.workers, self._scrape_session, timeout, self.spec.scrape_interval_s,
+                           self.spec.unhealthy_after, self.publish))
 
     def lease(self, worker: Worker) -> Lease:
         return Lease(worker)

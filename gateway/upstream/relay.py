@@ -21,7 +21,7 @@ from gateway import sse
 from gateway.context import RequestContext
 from gateway.openai_api import LARGE_BODY, error_body
 from gateway.sink import Sink
-from gateway.upstream.errors import UpstreamError, worker_errors
+from gateway.upstream.errors import COOLDOWN_STATUS, UpstreamError, worker_errors
 from gateway.workers_state import Worker
 
 log = logging.getLogger("tollgate.upstream")
@@ -130,7 +130,8 @@ async def relay_body(ctx: RequestContext, worker: Worker, response: aiohttp.Clie
     ctx.timings.first_byte()
     status = response.status
     if status >= 500:
-        worker.fail(f"HTTP {status}", cooldown_s)
+        if status in COOLDOWN_STATUS:
+            worker.fail(f"HTTP {status}", cooldown_s)
         raise UpstreamError("head", f"HTTP {status}")
     relayed = Relayed()
     if status == 200:

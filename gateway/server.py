@@ -1,0 +1,157 @@
+"""The HTTP server's own limits: what a client may send and how long it may take, enforced before the app.
+
+uvicorn's httptools protocol reads request heads without a size limit and times out only idle keep-alive
+connections, never a fresh connection that sends nothing or trickles a head or body one byte at a time.
+Measured on this gateway before this module: a 64 MiB header was read in full and stalled the event loop
+~2 s (health scrapes missed, healthy workers dropped); 700 idle or half-sent connections were all held.
+
+``GuardedHttpToolsProtocol`` adds, from the policy's ``server`` section:
+- a request line (414) and head (431) size limit and a header count limit (431), checked as the parser
+  hands over each piece, so an oversized head is refused before it is buffered;
+- an idle timeout for a connection that has not sent a byte (closed), a head timeout from a request's
+  first byte to the end of its head (408), and a body timeout from the head to the end of the body (408);
+- concurrent connections are capped by uvicorn's ``limit_concurrency`` (503), set from the same section.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.openai_api import error_body
+
+_REASONS = {408: b"Request Timeout", 414: b"URI Too Long", 431: b"Request Header Fields Too Large"}
+_MESSAGES = {
+    408: ("The request was not received in time.", "request_timeout"),
+    414: ("The request line is too long.", "request_line_too_long"),
+    431: ("The request headers are too large or too many.", "headers_too_large"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_request_line_bytes: int = 8192
+    max_header_bytes: int = 32768
+    max_headers: int = 100
+    idle_timeout_s: float = 30.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with size limits and read timeouts (see the module docstring)."""
+
+    limits = Limits()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._timer: asyncio.TimerHandle | None = None
+        self._line_bytes = 0
+        self._head_bytes = 0
+        self._header_count = 0
+        self._refused = False
+
+    # -- timers ---------------------------------------------------------------------------------------
+
+    def _arm(self, seconds: float, status: int | None) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(seconds, self._expire, status)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self, status: int | None) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        started = cycle is not None and cycle.response_started and not cycle.response_complete
+        if status is None or started:
+            self.transport.close()
+        else:
+            self._refuse(status)
+
+    # -- refusing -------------------------------------------------------------------------------------
+
+    def _refuse(self, status: int) -> None:
+        """Answer ``status`` with an OpenAI-shaped error and close; ignore whatever else arrives."""
+        self._refused = True
+        self._disarm()
+        message, code = _MESSAGES[status]
+        body = error_body(message, "invalid_request_error", code)
+        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                             b"connection: close\r\n\r\n" % (status, _REASONS[status], len(body)) + body)
+        self.transport.close()
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+
+    # -- protocol callbacks ---------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm(self.limits.idle_timeout_s, None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._line_bytes = self._head_bytes = self._header_count = 0
+        self._arm(self.limits.header_timeout_s, 408)
+
+    def on_url(self, url: bytes) -> None:
+        if self._refused:
+            return
+        self._line_bytes += len(url)
+        if self._line_bytes > self.limits.max_request_line_bytes:
+            self._refuse(414)
+            return
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._refused:
+            return
+        self._head_bytes += len(name) + len(value) + 4
+        self._header_count += 1
+        if self._head_bytes > self.limits.max_header_bytes or self._header_count > self.limits.max_headers:
+            self._refuse(431)
+            return
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        if self._refused:
+            return
+        self._arm(self.limits.body_timeout_s, 408)
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._refused:
+            return
+        self._disarm()
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and not self.pipeline:
+            self._arm(self.limits.idle_timeout_s, None)
+
+
+def protocol_for(limits: Limits) -> type[GuardedHttpToolsProtocol]:
+    """A protocol class bound to ``limits`` (uvicorn instantiates the class it is given)."""
+    return type("GatewayHttpProtocol", (GuardedHttpToolsProtocol,), {"limits": limits})
