@@ -50,13 +50,13 @@ def routes(gw: Gateway) -> list[Route]:
     async def purge_cache(request: Request) -> Response:
         if (denied := guard(request)) is not None:
             return denied
-        if gw.cache is None:
-            return error_response(409, "The cache is not enabled in the policy.", "cache_disabled")
         q = request.query_params
         repeated = sorted(k for k in set(q.keys()) if len(q.getlist(k)) > 1)
         if repeated:
             return error_response(400, f"Give each selector once: {', '.join(repeated)} repeated.",
                                   "repeated_parameter")
+        if gw.cache is None:
+            return error_response(409, "The cache is not enabled in the policy.", "cache_disabled")
         if not (q.get("tenant") or q.get("model") or q.get("id") or q.get("all") == "true"):
             return error_response(400, "Say what to purge: tenant=, model=, id= or all=true.", "missing_selector")
         try:
