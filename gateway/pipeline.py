@@ -41,8 +41,6 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
         usage = relayed.usage or {}
         ctx.prompt_tokens, ctx.completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
         ctx.timings.tpot = relayed.tpot
-        if sink.status is not None and sink.status >= 400:  # a worker's complaint about the request, passed on
-            raise ApiError(sink.status, "", code=f"upstream_{sink.status}")
         _remember(gw, ctx, decision, relayed)
     except ApiError as exc:
         await fail(ctx, sink, exc)

@@ -19,7 +19,7 @@ import orjson
 
 from gateway import sse
 from gateway.context import RequestContext
-from gateway.openai_api import LARGE_BODY, error_body
+from gateway.openai_api import LARGE_BODY, ApiError, error_body
 from gateway.sink import Sink
 from gateway.upstream.errors import COOLDOWN_STATUS, UpstreamError, worker_errors
 from gateway.workers_state import Worker
@@ -120,10 +120,21 @@ async def relay_stream(ctx: RequestContext, worker: Worker, response: aiohttp.Cl
     return relayed
 
 
+def _worker_complaint(body: bytes) -> str:
+    """The message of a worker's 4xx (vLLM says what was wrong with the request), cut short."""
+    try:
+        error = orjson.loads(body).get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+    except (orjson.JSONDecodeError, AttributeError):
+        message = None
+    text = message if isinstance(message, str) and message else "The worker rejected the request."
+    return text if len(text) <= 500 else text[:500] + "..."
+
+
 async def relay_body(ctx: RequestContext, worker: Worker, response: aiohttp.ClientResponse, sink: Sink,
                      cooldown_s: float) -> Relayed:
-    """Forward a whole answer. A worker's 4xx (an OpenAI-shaped complaint about the request) is passed on;
-    a 5xx becomes the gateway's own 502, naming nothing internal."""
+    """Forward a whole answer. A worker's 4xx (a complaint about the request) becomes the gateway's own error
+    with the worker's message; a 5xx becomes the gateway's own 502, naming nothing internal."""
     with worker_errors(worker, "head", cooldown_s):
         body = await response.read()
     response.release()
@@ -133,6 +144,8 @@ async def relay_body(ctx: RequestContext, worker: Worker, response: aiohttp.Clie
         if status in COOLDOWN_STATUS:
             worker.fail(f"HTTP {status}", cooldown_s)
         raise UpstreamError("head", f"HTTP {status}")
+    if status >= 400:
+        raise ApiError(status, _worker_complaint(body), "invalid_request_error", f"upstream_{status}")
     relayed = Relayed()
     if status == 200:
         try:
