@@ -1,0 +1,61 @@
+"""SIGTERM (a Kubernetes rolling update): answers in flight finish, new connections are refused, and the
+process exits within the policy's grace period."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import time
+from collections.abc import Callable
+
+import aiohttp
+import httpx
+
+from tests.conftest import DEMO_KEY, Proc, policy_dict
+
+Starter = Callable[..., Proc]
+
+
+async def stream_all(url: str, n: int) -> list[str]:
+    body = {"model": "sim-llama-8b", "messages": [{"role": "user", "content": "count"}], "max_tokens": 64,
+            "ignore_eos": True, "stream": True}
+    async with aiohttp.ClientSession(headers={"authorization": f"Bearer {DEMO_KEY}"}) as session:
+        async def one() -> str:
+            async with session.post(url + "/v1/chat/completions", json=body) as response:
+                assert response.status == 200
+                return (await response.read()).decode()
+        return await asyncio.gather(*(one() for _ in range(n)))
+
+
+def test_sigterm_lets_50_streams_finish_and_refuses_new_connections(start_sim: Starter,
+                                                                     start_gateway: Starter) -> None:
+    sim = start_sim("--decode-base-ms", "40")  # 64 tokens: ~2.6 s a stream
+    policy = policy_dict([sim.url])
+    policy["server"]["shutdown_grace_s"] = 15
+    gw = start_gateway(policy)
+    host, port = "127.0.0.1", gw.port
+
+    async def scenario() -> tuple[list[str], float, bool]:
+        streams = asyncio.ensure_future(stream_all(gw.url, 50))
+        await asyncio.sleep(1.0)  # every stream has started
+        signalled = time.monotonic()
+        gw.process.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.5)
+        refused = False
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+        except OSError:
+            refused = True
+        results = await streams
+        return results, signalled, refused
+    results, signalled, refused = asyncio.run(scenario())
+    assert refused, "no new connections once draining"
+    assert len(results) == 50
+    for text in results:
+        assert text.rstrip().endswith("data: [DONE]") and '"error"' not in text
+        assert text.count('"content":') >= 64
+    gw.process.wait(timeout=20)
+    assert time.monotonic() - signalled < 15, "exited within the grace period"
+    assert gw.process.returncode in (0, -signal.SIGTERM), "a clean exit (uvicorn re-raises the signal it drained on)"
+    assert httpx.get(sim.url + "/health").status_code == 200
