@@ -179,3 +179,18 @@ def test_fail_after_the_answer_started_only_records() -> None:
             await pipeline.fail(ctx, sink, pipeline.ApiError(502, "late"))
             assert sink.status == 200 and sink.body == b"" and ctx.error == "invalid_request_error"
     asyncio.run(main())
+
+
+def test_a_worker_that_goes_silent_times_out_and_gives_the_lease_back() -> None:
+    async def main() -> None:
+        silent = stream_of(["a", "b"] + ["c"] * 50, gap_s=2.0)  # 2 s between tokens; the pool allows 0.5 s
+        async with FakeWorker(json_of(completion_json(), delay_s=3)) as j, FakeWorker(silent) as s:
+            for worker, stream, code in ((j, False, "upstream_broken"), (s, True, "upstream_stream_broken")):
+                async with running_gateway([worker.url], read_timeout_s=0.5) as gw:
+                    ctx, sink = await call(gw, chat(stream=stream))
+                    assert ctx.error == code and inflight(gw) == 0
+                    if stream:
+                        assert sink.status == 200 and orjson.loads(events(sink)[-2])["error"]["code"] == code
+                    else:
+                        assert sink.status == 502
+    asyncio.run(main())

@@ -25,6 +25,7 @@ _SPACE = re.compile(r"\s+")
 _HANGUL = re.compile(r"[\uac00-\ud7a3\u1100-\u11ff\u3130-\u318f]")
 _CJK = re.compile(r"[\u3040-\u30ff\u4e00-\u9fff]")
 _LATIN = re.compile(r"[A-Za-z]")
+_WORD = re.compile(r"[a-zà-ÿ]+")
 _EN_HINTS = frozenset("the a an is are was what how why when where who which do does can i you to of in on for "
                       "with and or it this that my your be have".split())
 _OTHER_LATIN_HINTS = {
@@ -49,15 +50,17 @@ class CacheKey:
 
 
 def detect_language(text: str) -> str:
-    """Script first (Hangul, CJK), then common function words for Latin-script languages."""
-    letters = sum(ch.isalpha() for ch in text) or 1
-    if len(_HANGUL.findall(text)) / letters > 0.2:
-        return "ko"
-    if len(_CJK.findall(text)) / letters > 0.2:
-        return "zh-ja"
+    """Script first (Hangul, CJK), then common function words for Latin-script languages. (ASCII text, the
+    common case, skips the script count: it is on every cacheable request's path.)"""
+    if not text.isascii():
+        letters = sum(ch.isalpha() for ch in text) or 1
+        if len(_HANGUL.findall(text)) / letters > 0.2:
+            return "ko"
+        if len(_CJK.findall(text)) / letters > 0.2:
+            return "zh-ja"
     if not _LATIN.search(text):
         return "other"
-    words = set(re.findall(r"[a-zà-ÿ]+", text.lower()))
+    words = set(_WORD.findall(text.lower()))
     scores = {"en": len(words & _EN_HINTS), **{lang: len(words & hints) for lang, hints in _OTHER_LATIN_HINTS.items()}}
     best = max(scores, key=lambda k: scores[k])
     return best if scores[best] > scores["en"] else "en"

@@ -46,6 +46,7 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str,
     Raises ApiError 503 when no worker is available, 502 when every try failed."""
     assert pool.session is not None
     exclude: set[Worker] = set()
+    failure: UpstreamError | None = None
     headers = {"content-type": "application/json", "x-request-id": ctx.request_id}
     for attempt in range(2):
         worker = pick(pool.workers, exclude)
@@ -64,7 +65,8 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str,
                 with worker_errors(worker, "connect", pool.spec.cooldown_s):
                     response = await pool.session.post(worker.url + path, data=payload, headers=headers,
                                                        timeout=pool.timeout)
-            except UpstreamError:
+            except UpstreamError as exc:
+                failure = exc
                 continue
             finally:
                 _head_sent_at.reset(token)
@@ -80,7 +82,9 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str,
             finally:
                 response.close()  # a no-op after the relay released it; drops an unfinished one
             return
-    if ctx.attempts:
-        raise UpstreamError("connect", "every try failed")
+    if failure is not None:
+        raise failure
+    if ctx.attempts:  # every worker tried answered 5xx, and the last one is out of routing now
+        raise UpstreamError("head", "every try failed")
     raise ApiError(503, f"No healthy worker serves the model '{ctx.model}' right now.", "server_error",
                    "upstream_unavailable")

@@ -53,4 +53,6 @@ class worker_errors:
         if exc is not None and isinstance(exc, TRANSPORT_ERRORS):
             reason = describe(exc)
             self.worker.fail(reason, self.cooldown_s)
-            raise UpstreamError(self.phase, reason) from None
+            # connected, but the head never came: the worker failed before answering, it was not unreachable
+            phase = "head" if self.phase == "connect" and isinstance(exc, aiohttp.SocketTimeoutError) else self.phase
+            raise UpstreamError(phase, reason) from None
