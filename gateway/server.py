@@ -48,25 +48,27 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._timer: asyncio.TimerHandle | None = None
+        # One deadline per connection, checked by a sweep every SWEEP_S instead of a timer per request phase:
+        # re-arming call_later three times per request was measurable on the hot path.
+        self._deadline: float | None = None
+        self._expiry_status: int | None = None  # answered when the deadline passes (None: just close)
         self._line_bytes = 0
         self._head_bytes = 0
         self._header_count = 0
         self._refused = False
 
-    # -- timers ---------------------------------------------------------------------------------------
+    # -- deadlines ------------------------------------------------------------------------------------
 
     def _arm(self, seconds: float, status: int | None) -> None:
-        self._disarm()
-        self._timer = self.loop.call_later(seconds, self._expire, status)
+        self._deadline = self.loop.time() + seconds
+        self._expiry_status = status
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._deadline = None
 
-    def _expire(self, status: int | None) -> None:
-        self._timer = None
+    def _expire(self) -> None:
+        status = self._expiry_status
+        self._deadline = None
         if self.transport.is_closing():
             return
         cycle = self.cycle
@@ -81,7 +83,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _refuse(self, status: int) -> None:
         """Answer ``status`` with an OpenAI-shaped error and close; ignore whatever else arrives."""
         self._refused = True
-        self._disarm()
+        self._deadline = None
         message, code = _MESSAGES[status]
         body = error_body(message, "invalid_request_error", code)
         self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
@@ -96,6 +98,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm(self.limits.idle_timeout_s, None)
+        _ensure_sweeper(self.loop, self.connections)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -150,6 +153,27 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_response_complete()
         if not self.transport.is_closing() and not self.pipeline:
             self._arm(self.limits.idle_timeout_s, None)
+
+
+SWEEP_S = 0.25
+_sweepers: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
+
+
+def _ensure_sweeper(loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
+    """One task per event loop expires the connections whose deadline has passed."""
+    task = _sweepers.get(loop)
+    if task is None or task.done():
+        _sweepers[loop] = loop.create_task(_sweep(loop, connections))
+
+
+async def _sweep(loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
+    while True:
+        await asyncio.sleep(SWEEP_S)
+        now = loop.time()
+        for protocol in list(connections):
+            deadline = getattr(protocol, "_deadline", None)
+            if deadline is not None and deadline <= now:
+                protocol._expire()
 
 
 def protocol_for(limits: Limits) -> type[GuardedHttpToolsProtocol]:
