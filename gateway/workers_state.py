@@ -33,6 +33,8 @@ class Worker:
     kv_usage: float = 0.0
     last_error: str | None = None
     failed_checks: int = 0  # consecutive failed health checks
+    running: float = 0.0  # vLLM's running requests (scraped)
+    scraped_at: float = 0.0  # monotonic time of the last good metrics read
 
     def available(self, now: float) -> bool:
         return self.healthy and now >= self.cooldown_until
@@ -95,6 +97,8 @@ async def scrape(worker: Worker, session: aiohttp.ClientSession, request_timeout
             worker.healthy = False
         return
     worker.failed_checks = 0
+    worker.running = load.get("running", 0.0)
+    worker.scraped_at = time.monotonic()
     worker.waiting = load.get("waiting", 0.0)
     worker.kv_usage = load.get("kv_usage", 0.0)
     if not worker.healthy and time.monotonic() >= worker.cooldown_until:

@@ -50,6 +50,7 @@ class TenantView:
     max_tokens_cap: int
     on_exceed: str
     cache: bool = True  # False: opted out of the response cache
+    weight: float = 1.0  # share of its class's capacity under contention
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -75,7 +76,7 @@ class PolicySnapshot:
                 models=None if "*" in tenant.models else frozenset(tenant.models),
                 max_tokens_default=tier.max_tokens_default,
                 max_tokens_cap=tenant.max_tokens_cap or tier.max_tokens_cap,
-                on_exceed=tier.on_exceed, cache=tenant.cache,
+                on_exceed=tier.on_exceed, cache=tenant.cache, weight=tenant.weight,
             )
             tenants[name] = view
             for key in tenant.keys:

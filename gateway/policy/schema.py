@@ -43,6 +43,7 @@ class Tenant(Strict):
     models: list[str] = Field(default_factory=lambda: ["*"], description="allowed model names; '*' for all")
     max_tokens_cap: int | None = Field(None, ge=1, description="overrides the tier's cap for this tenant")
     cache: bool = Field(True, description="false opts the tenant out of the response cache")
+    weight: float = Field(1.0, gt=0, description="share of its class's capacity under contention (in tokens)")
 
     @field_validator("keys")
     @classmethod
@@ -65,6 +66,10 @@ class Pool(Strict):
     cooldown_s: float = Field(5.0, ge=0, description="how long a failed worker is left out before re-admission")
     unhealthy_after: int = Field(3, ge=1, description="consecutive failed health checks before a worker is left "
                                  "out (a failed request leaves it out at once)")
+    max_inflight_per_worker: int = Field(64, ge=1, description="upper bound of requests the gateway keeps on one "
+                                         "worker; below it the gateway learns each worker's own from its metrics")
+    engine_priority: bool = Field(False, description="workers run --scheduling-policy priority: send vLLM's "
+                                  "'priority' field (premium lowest)")
 
 
 class ModelRoute(Strict):
@@ -139,6 +144,23 @@ class CachePolicy(Strict):
                                  "what is queued (batches still form while the model is busy)")
 
 
+class TierScheduling(Strict):
+    max_queue_wait_ms: float | None = Field(None, gt=0, description="longest a request may wait in the gateway's "
+                                            "queue; default: half the tier's TTFT p95 SLO (batch: 10 minutes)")
+
+
+class SchedulingPolicy(Strict):
+    """Premium, standard and batch queues in front of the workers (gateway.scheduling)."""
+
+    mode: Literal["priority", "fifo"] = Field("priority", description="fifo admits at once (for comparison)")
+    kv_saturation: float = Field(0.9, gt=0, le=1, description="a worker above this KV-cache usage gets no new work")
+    stale_after_s: float = Field(2.0, gt=0, description="a worker whose metrics are older gets no new work")
+    batch_headroom: float = Field(0.1, ge=0, lt=1, description="share of capacity batch work leaves free")
+    max_queued: int = Field(10_000, ge=1, description="queued requests per class; more are shed")
+    max_queued_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="queued request bodies, all classes")
+    tiers: dict[Tier, TierScheduling] = Field(default_factory=dict)
+
+
 class Policy(Strict):
     version: Literal[1] = 1
     allow_empty: bool = Field(False, description="accept a policy with no tenants or no models (serves nothing)")
@@ -149,6 +171,7 @@ class Policy(Strict):
     pools: dict[Name, Pool] = Field(default_factory=dict)
     workers: dict[Name, WorkerSpec] = Field(default_factory=dict)
     cache: CachePolicy = CachePolicy()
+    scheduling: SchedulingPolicy = SchedulingPolicy()
 
 
 def cross_reference_errors(policy: Policy) -> list[tuple[str, str]]:
