@@ -55,8 +55,10 @@ class Completions:
             except ApiError as exc:
                 await pipeline.fail(ctx, sink, exc)
             else:
+                asked = headers.get(b"x-tollgate-class")
                 left = await until_disconnect(
-                    pipeline.run(gw, ctx, raw, sink, headers.get(b"cache-control", b"")), receive)
+                    pipeline.run(gw, ctx, raw, sink, headers.get(b"cache-control", b""),
+                                 asked.decode("latin-1").strip().lower() if asked else None), receive)
                 if left:
                     await pipeline.fail(ctx, sink, ApiError(499, "The client disconnected.",
                                                             code="client_disconnected"))

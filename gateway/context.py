@@ -54,6 +54,7 @@ class RequestContext:
     tenant: TenantView | None = None  # the edge (auth)
     model: str | None = None  # openai_api.prepare: only a model the policy routes
     stream: bool = False  # openai_api.prepare
+    service_class: str = "standard"  # pipeline.run: the tenant's tier, or a lower class the request asked for
     max_tokens_applied: str | None = None  # openai_api.prepare
     cache: str | None = None  # cache.decision.decide: hit-exact | hit-semantic | miss | bypass
     cache_similarity: float | None = None  # cache.decision.decide

@@ -56,6 +56,10 @@ class GatewayMetrics:
         self.cache_store_errors = Counter("tollgate_cache_store_errors", "Cache writes deferred: store down.",
                                           registry=r)
         self.cache_entries = Gauge("tollgate_cache_entries", "Entries in this replica's semantic index.", registry=r)
+        self.queue_depth = Gauge("tollgate_queue_depth", "Requests waiting in the gateway's queues.",
+                                 ["pool", "class"], registry=r)
+        self.shed = Counter("tollgate_shed", "Requests answered 429 by the scheduler, by class and reason.",
+                            ["class", "reason"], registry=r)
         self.loop_lag = Histogram("tollgate_event_loop_lag_seconds", "How late the event loop ran a 100 ms timer: "
                                   "a gateway starved of CPU or blocked by a long call shows here first.",
                                   buckets=FAST_BUCKETS, registry=r)

@@ -166,7 +166,14 @@ class Call:
     body: dict[str, Any]
     route: ModelRoute
     wants_usage: bool  # the client asked for the usage event in its stream
+    engine_priority: bool  # the pool's workers run --scheduling-policy priority
     size: int  # bytes as received
+
+    @property
+    def cost(self) -> int:
+        """Tokens this request may use at most: a prompt estimate (4 bytes a token) plus its max_tokens."""
+        limit = self.body.get("max_completion_tokens") or self.body.get("max_tokens") or 0
+        return self.size // 4 + int(limit)
 
 
 _VALIDATORS = {"chat": validate_chat, "completions": validate_completion}
@@ -191,15 +198,21 @@ async def prepare(ctx: RequestContext, raw: bytes) -> Call:
         options = body.get("stream_options") or {}
         wants_usage = bool(options.get("include_usage"))
         body["stream_options"] = {**options, "include_usage": True}  # accounting needs the usage
-    return Call(body, route, wants_usage, len(raw))
+    pool = ctx.snapshot.policy.pools.get(route.pool)
+    return Call(body, route, wants_usage, pool is not None and pool.engine_priority, len(raw))
 
 
-async def serialise(call: Call) -> bytes:
+ENGINE_PRIORITY = {"premium": 0, "standard": 1, "batch": 2}  # vLLM's priority: lower runs first
+
+
+async def serialise(call: Call, service_class: str = "standard") -> bytes:
     """The body for the worker. JSON the client sent but that cannot be written back (orjson writes at most
     255 levels of nesting, reads 1,024) is the client's error, not the gateway's. The model is renamed here, for
     the workers only: the cache keys on the name the client asked for."""
     if call.route.upstream_model:
         call.body["model"] = call.route.upstream_model
+    if call.engine_priority:
+        call.body["priority"] = ENGINE_PRIORITY[service_class]
     try:
         if call.size <= LARGE_BODY:
             return orjson.dumps(call.body)

@@ -13,17 +13,32 @@ from gateway.cache import replay
 from gateway.cache.decision import CacheDecision, decide
 from gateway.cache.service import Lookup
 from gateway.context import RequestContext
-from gateway.openai_api import ApiError, Call
+from gateway.openai_api import ApiError
+from gateway.policy.schema import TIERS
 from gateway.runtime import Gateway
 from gateway.sink import Sink
 from gateway.upstream.dispatch import dispatch
+from gateway.upstream.pools import UpstreamPool
 from gateway.upstream.relay import Relayed, relay_body, relay_stream
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
-async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_control: bytes = b"") -> None:
-    """Answer one authenticated request (``ctx.tenant`` set) whose body is ``raw``. Never raises ApiError."""
+def lower_class(tier: str, asked: str | None) -> str:
+    """The class a request runs in: its tenant's tier, or a lower one it asked for (unknown names are ignored)."""
+    if asked in TIERS and TIERS.index(asked) > TIERS.index(tier):  # type: ignore[arg-type]
+        return asked  # type: ignore[return-value]
+    return tier
+
+
+async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_control: bytes = b"",
+              service_class: str | None = None) -> None:
+    """Answer one authenticated request (``ctx.tenant`` set) whose body is ``raw``. Never raises ApiError.
+
+    ``service_class`` is a class the caller asks for (the X-Tollgate-Class header, or "batch" for a batch
+    line); a request may run in a lower class than its tenant's tier, never a higher one."""
+    assert ctx.tenant is not None
+    ctx.service_class = lower_class(ctx.tenant.tier, service_class)
     try:
         call = await openai_api.prepare(ctx, raw)
         decision = await decide(gw.cache, ctx, call.body, cache_control, gw.metrics)
@@ -31,13 +46,17 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
             assert decision.lookup is not None
             await serve_hit(ctx, decision.lookup, sink, call.wants_usage)
             return
-        payload = await openai_api.serialise(call)
-        await gw.scheduler.admit(ctx)
+        pool = gw.upstreams.pools.get(call.route.pool)
+        if pool is None:
+            raise ApiError(503, f"No worker pool serves the model '{ctx.model}' right now.", "server_error",
+                           "upstream_unavailable")
+        payload = await openai_api.serialise(call, ctx.service_class)
+        await gw.scheduler.admit(ctx, pool.name, pool.workers, pool.spec, call.cost, call.size)
         try:
-            relayed = await exchange(gw, ctx, call, payload, sink, capture=decision is not None
-                                     and decision.keep_answer)
+            relayed = await exchange(ctx, pool, payload, sink, call.wants_usage,
+                                     capture=decision is not None and decision.keep_answer)
         finally:
-            gw.scheduler.release(ctx)
+            gw.scheduler.release(ctx, pool.name)
         usage = relayed.usage or {}
         ctx.prompt_tokens, ctx.completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
         ctx.timings.tpot = relayed.tpot
@@ -46,16 +65,12 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
         await fail(ctx, sink, exc)
 
 
-async def exchange(gw: Gateway, ctx: RequestContext, call: Call, payload: bytes, sink: Sink,
+async def exchange(ctx: RequestContext, pool: UpstreamPool, payload: bytes, sink: Sink, wants_usage: bool,
                    capture: bool = False) -> Relayed:
     """Dispatch to a worker and relay its answer to the sink."""
-    pool = gw.upstreams.pools.get(call.route.pool)
-    if pool is None:
-        raise ApiError(503, f"No worker pool serves the model '{ctx.model}' right now.", "server_error",
-                       "upstream_unavailable")
     async with dispatch(ctx, pool, PATHS[ctx.endpoint], payload) as (worker, response):
         if ctx.stream and response.status == 200:
-            return await relay_stream(ctx, worker, response, sink, not call.wants_usage, pool.spec.cooldown_s,
+            return await relay_stream(ctx, worker, response, sink, not wants_usage, pool.spec.cooldown_s,
                                       capture)
         return await relay_body(ctx, worker, response, sink, pool.spec.cooldown_s)
 

@@ -11,7 +11,7 @@ from gateway.cache.service import SemanticCache
 from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import PolicyError, PolicySnapshot, PolicyStore
 from gateway.policy.schema import CachePolicy
-from gateway.scheduler import Scheduler
+from gateway.scheduling.controller import Controller
 from gateway.upstream.dispatch import connect_trace
 from gateway.upstream.pools import Upstreams
 
@@ -22,8 +22,8 @@ class Gateway:
     def __init__(self, store: PolicyStore) -> None:
         self.store = store
         self.metrics = GatewayMetrics()
-        self.upstreams = Upstreams(self.metrics, traces=[connect_trace()])
-        self.scheduler = Scheduler()
+        self.scheduler = Controller(self.metrics)
+        self.upstreams = Upstreams(self.metrics, traces=[connect_trace()], on_metrics=self._on_metrics)
         self.cache: SemanticCache | None = None
         self.draining = False  # set on SIGTERM: /readyz turns 503 while answers in flight finish
         self._tasks: set[asyncio.Task[None]] = set()  # background work; each task leaves the set when done
@@ -55,6 +55,10 @@ class Gateway:
         missing = [name for name, route in policy.models.items()
                    if not (pool := self.upstreams.pools.get(route.pool)) or not pool.ready()]
         return f"no healthy worker for: {', '.join(missing)}" if missing else None
+
+    def _on_metrics(self, pool: str) -> None:
+        """Fresh worker metrics may have opened room: let the scheduler grant what fits (event-driven)."""
+        self.scheduler.on_metrics(pool, self.store.current.policy.scheduling)
 
     async def _watch_loop_lag(self, interval: float = 0.1) -> None:
         loop = asyncio.get_running_loop()

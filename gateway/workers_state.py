@@ -35,6 +35,7 @@ class Worker:
     failed_checks: int = 0  # consecutive failed health checks
     running: float = 0.0  # vLLM's running requests (scraped)
     scraped_at: float = 0.0  # monotonic time of the last good metrics read
+    learned_limit: int = 0  # the concurrency learned from the worker's metrics (scheduling.saturation)
 
     def available(self, now: float) -> bool:
         return self.healthy and now >= self.cooldown_until

@@ -80,7 +80,7 @@ def test_connect_error_is_retried_and_cools_the_worker_down() -> None:
                 running_gateway([good.url], scrape_interval_s=10) as gw:
             workers = gw.upstreams.pools["main"].workers
             dead = Worker(closed_port_url(), "main", healthy=True)
-            workers[0].waiting = 5  # the dead worker looks less loaded: it is picked first
+            workers[0].kv_usage = 0.5  # the dead worker looks less loaded: it is picked first
             workers.insert(0, dead)
             answers = [await call(gw, chat()) for _ in range(3)]
             assert all(sink.status == 200 and ctx.worker == good.url for ctx, sink in answers)

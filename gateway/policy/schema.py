@@ -66,7 +66,7 @@ class Pool(Strict):
     cooldown_s: float = Field(5.0, ge=0, description="how long a failed worker is left out before re-admission")
     unhealthy_after: int = Field(3, ge=1, description="consecutive failed health checks before a worker is left "
                                  "out (a failed request leaves it out at once)")
-    max_inflight_per_worker: int = Field(64, ge=1, description="upper bound of requests the gateway keeps on one "
+    max_inflight_per_worker: int = Field(256, ge=1, description="upper bound of requests the gateway keeps on one "
                                          "worker; below it the gateway learns each worker's own from its metrics")
     engine_priority: bool = Field(False, description="workers run --scheduling-policy priority: send vLLM's "
                                   "'priority' field (premium lowest)")

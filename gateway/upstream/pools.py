@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 import aiohttp
 
 from gateway.metrics import GatewayMetrics
 from gateway.policy.schema import Pool
+from gateway.scheduling.saturation import learn
 from gateway.workers_state import Worker, scrape, scrape_forever
 
 
@@ -47,7 +49,8 @@ class UpstreamPool:
     """One keep-alive session per pool, its workers, and their scraper."""
 
     def __init__(self, name: str, spec: Pool, metrics: GatewayMetrics,
-                 traces: list[aiohttp.TraceConfig] | None = None) -> None:
+                 traces: list[aiohttp.TraceConfig] | None = None,
+                 on_metrics: Callable[[str], None] | None = None) -> None:
         self.name = name
         self.spec = spec
         self.metrics = metrics
@@ -56,6 +59,7 @@ class UpstreamPool:
         self.timeout = aiohttp.ClientTimeout(total=None, connect=spec.connect_timeout_s,
                                              sock_read=spec.read_timeout_s)
         self._traces = traces
+        self._on_metrics = on_metrics
         self.session: aiohttp.ClientSession | None = None
         self._scrape_session: aiohttp.ClientSession | None = None
         self._scraper: asyncio.Task[None] | None = None
@@ -66,10 +70,17 @@ class UpstreamPool:
         self._scrape_session = session(self.spec)
         timeout = aiohttp.ClientTimeout(total=min(2.0, max(0.5, self.spec.scrape_interval_s * 2)))
         await asyncio.gather(*(scrape(w, self._scrape_session, timeout) for w in self.workers))
-        self.publish()
+        self._after_scrape()
         self._scraper = asyncio.get_running_loop().create_task(
             scrape_forever(self.workers, self._scrape_session, timeout, self.spec.scrape_interval_s,
-                           self.spec.unhealthy_after, self.publish))
+                           self.spec.unhealthy_after, self._after_scrape))
+
+    def _after_scrape(self) -> None:
+        for worker in self.workers:
+            learn(worker, self.spec.max_inflight_per_worker)
+        self.publish()
+        if self._on_metrics is not None:
+            self._on_metrics(self.name)
 
     def lease(self, worker: Worker) -> Lease:
         return Lease(worker)
@@ -102,10 +113,12 @@ class UpstreamPool:
 class Upstreams:
     """Pools by name, kept in step with the policy. A replaced pool drains before it closes."""
 
-    def __init__(self, metrics: GatewayMetrics, traces: list[aiohttp.TraceConfig] | None = None) -> None:
+    def __init__(self, metrics: GatewayMetrics, traces: list[aiohttp.TraceConfig] | None = None,
+                 on_metrics: Callable[[str], None] | None = None) -> None:
         self.metrics = metrics
         self.pools: dict[str, UpstreamPool] = {}
         self._traces = traces
+        self._on_metrics = on_metrics
         self._retiring: set[asyncio.Task[None]] = set()
 
     async def reconcile(self, specs: dict[str, Pool]) -> None:
@@ -114,7 +127,7 @@ class Upstreams:
             current = self.pools.get(name)
             if current is not None and current.spec == spec:
                 continue
-            pool = UpstreamPool(name, spec, self.metrics, self._traces)
+            pool = UpstreamPool(name, spec, self.metrics, self._traces, self._on_metrics)
             started.append(pool.start())
             self.pools[name] = pool
             if current is not None:

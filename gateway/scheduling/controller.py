@@ -1,0 +1,265 @@
+"""Admission: hold each request in its pool's queues until a worker can start it, in the order the policy sets.
+
+- Between classes, strict priority: premium, then standard, then batch. Batch takes a slot only when no
+  premium or standard request waits and a share of the capacity (batch_headroom) stays free, so a premium
+  request arriving next starts at once.
+- Inside a class, fair between tenants by tokens (queues.ClassQueue), FIFO inside a tenant.
+- Dispatch is event-driven: a release or a metrics update grants what now fits; nothing polls.
+- Deadlines: each class has a longest queue wait. A request whose predicted wait (the work ahead of it at the
+  measured drain rate) would pass it is answered at once with 429 and a Retry-After; one still queued at its
+  deadline gets the same. Queues are bounded in count and bytes; when full, the newest batch waiter is shed
+  first, then standard; premium is refused only when nothing lower is queued.
+- A client that leaves while queued leaves the queue at once (its task is cancelled; nothing is sent upstream).
+
+The clock is injectable, so the rules are unit-tested without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gateway.context import RequestContext
+from gateway.metrics import GatewayMetrics
+from gateway.openai_api import ApiError
+from gateway.policy.schema import TIERS, Pool, SchedulingPolicy
+from gateway.scheduling.queues import ClassQueue, Waiter
+from gateway.scheduling.saturation import capacity
+from gateway.workers_state import Worker
+
+BATCH_WAIT_S = 600.0
+
+
+@dataclass
+class PoolState:
+    """One pool's queues and counts."""
+
+    name: str
+    workers: list[Worker]
+    spec: Pool
+    granted: int = 0  # admitted and not yet released
+    queues: dict[str, ClassQueue] = field(default_factory=lambda: {t: ClassQueue() for t in TIERS})
+    queued_bytes: int = 0
+    completions: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=256))
+
+    def drain_rate(self, now: float, window: float = 10.0) -> float:
+        """Requests finished per second over the recent window (0 when unknown)."""
+        recent = [t for t in self.completions if now - t <= window]
+        if len(recent) < 2:
+            return 0.0
+        return len(recent) / max(now - recent[0], 1e-3)
+
+
+class Controller:
+    """Per-pool admission; the one place that counts what each pool has started."""
+
+    def __init__(self, metrics: GatewayMetrics | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.metrics = metrics
+        self.clock = clock
+        self.pools: dict[str, PoolState] = {}
+        self.tenant_inflight: dict[str, int] = {}
+
+    # -- the pipeline's two calls -------------------------------------------------------------------------
+
+    async def admit(self, ctx: RequestContext, pool_name: str, workers: list[Worker], spec: Pool,
+                    cost: int, size: int) -> None:
+        """Return when the request may go to a worker; raise ApiError(429) when it is shed."""
+        assert ctx.tenant is not None
+        started = self.clock()
+        policy = ctx.snapshot.policy
+        self._tenant_take(ctx, policy.server.tenant_max_concurrency)
+        try:
+            if policy.scheduling.mode == "fifo":
+                state = self._state(pool_name, workers, spec)
+                state.granted += 1
+            else:
+                await self._wait_turn(ctx, self._state(pool_name, workers, spec), policy.scheduling, cost, size)
+        except BaseException:
+            self._tenant_give(ctx)
+            raise
+        ctx.timings.queue_wait = self.clock() - started
+
+    def release(self, ctx: RequestContext, pool_name: str) -> None:
+        """Once per admitted request, when its answer is done: frees its slot and grants what fits now."""
+        self._tenant_give(ctx)
+        state = self.pools.get(pool_name)
+        if state is None:
+            return
+        state.granted -= 1
+        state.completions.append(self.clock())
+        self.dispatch(state, ctx.snapshot.policy.scheduling)
+
+    # -- the queues ---------------------------------------------------------------------------------------
+
+    async def _wait_turn(self, ctx: RequestContext, state: PoolState, scheduling: SchedulingPolicy, cost: int,
+                         size: int) -> None:
+        klass = ctx.service_class
+        now = self.clock()
+        if not any(w.available(now) for w in state.workers):
+            # nothing to wait for: every worker is down or cooling down
+            raise ApiError(503, f"No healthy worker serves the model '{ctx.model}' right now.", "server_error",
+                           "upstream_unavailable")
+        if self._fits_now(state, scheduling, klass, now):
+            state.granted += 1
+            return
+        deadline_s = self._max_wait(ctx, klass)
+        predicted = self._predicted_wait(state, klass, now)
+        if predicted is not None and predicted > deadline_s:
+            self._shed(klass, "predicted_wait")
+            raise _too_busy(klass, predicted, "would wait past its class's deadline")
+        self._make_room(state, scheduling, klass, size)
+        waiter = Waiter(ctx, ctx.tenant.name if ctx.tenant else "", ctx.tenant.weight if ctx.tenant else 1.0,
+                        cost, size, now)
+        state.queues[klass].push(waiter)
+        state.queued_bytes += size
+        self._publish_depth(state)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.future), timeout=deadline_s)
+        except ApiError:  # displaced by higher-priority work (see _make_room)
+            raise
+        except TimeoutError:
+            if waiter.future.done() and not waiter.future.cancelled():
+                return  # granted at the last moment: keep it
+            self._forget(state, waiter)
+            self._shed(klass, "deadline")
+            raise _too_busy(klass, self._predicted_wait(state, klass, self.clock()) or deadline_s,
+                            "waited its class's longest queue wait") from None
+        except asyncio.CancelledError:  # the client left (or the server stops)
+            if waiter.future.done() and waiter.future.exception() is None:
+                state.granted -= 1  # granted but never started: give the slot to the next one
+                self.dispatch(state, scheduling)
+            else:
+                self._forget(state, waiter)
+            raise
+
+    def dispatch(self, state: PoolState, scheduling: SchedulingPolicy) -> None:
+        """Grant queued requests while capacity allows, in priority order."""
+        now = self.clock()
+        while True:
+            klass = next((k for k in TIERS if state.queues[k].count), None)
+            if klass is None or not self._fits_now(state, scheduling, klass, now, queued=True):
+                break
+            waiter = state.queues[klass].pop()
+            assert waiter is not None
+            state.queued_bytes -= waiter.size
+            if waiter.future.done():
+                continue
+            state.granted += 1
+            waiter.future.set_result(None)
+        self._publish_depth(state)
+
+    def on_metrics(self, pool_name: str, scheduling: SchedulingPolicy) -> None:
+        """A metrics update may have opened room (a worker's waiting queue emptied)."""
+        state = self.pools.get(pool_name)
+        if state is not None:
+            self.dispatch(state, scheduling)
+
+    def _fits_now(self, state: PoolState, scheduling: SchedulingPolicy, klass: str, now: float,
+                  queued: bool = False) -> bool:
+        """May a request of ``klass`` start now? (``queued``: it is the head of its queue, nothing ahead.)"""
+        if not queued and any(state.queues[k].count for k in TIERS[: TIERS.index(klass) + 1]):
+            return False  # others of its class or above are waiting first
+        free = capacity(state.workers, state.spec, scheduling, now) - state.granted
+        if klass != "batch":
+            return free > 0
+        if state.queues["premium"].count or state.queues["standard"].count:
+            return False
+        total = capacity(state.workers, state.spec, scheduling, now)
+        return free > math.ceil(total * scheduling.batch_headroom)
+
+    def _predicted_wait(self, state: PoolState, klass: str, now: float) -> float | None:
+        """Seconds until a new request of ``klass`` would start: the work ahead of it at the drain rate."""
+        rate = state.drain_rate(now)
+        if rate <= 0:
+            return None
+        ahead = sum(state.queues[k].count for k in TIERS[: TIERS.index(klass) + 1]) + 1
+        return ahead / rate
+
+    def _make_room(self, state: PoolState, scheduling: SchedulingPolicy, klass: str, size: int) -> None:
+        """Bound the queues: shed the newest of the lowest class below ``klass``; else refuse this one."""
+        while state.queues[klass].count >= scheduling.max_queued or \
+                state.queued_bytes + size > scheduling.max_queued_bytes:
+            victim_class = next((k for k in reversed(TIERS) if TIERS.index(k) > TIERS.index(klass)
+                                 and state.queues[k].count), None)
+            if victim_class is None or state.queues[klass].count >= scheduling.max_queued:
+                self._shed(klass, "queue_full")
+                raise _too_busy(klass, self._predicted_wait(state, klass, self.clock()) or 1.0, "found its queue full")
+            victim = state.queues[victim_class].newest()
+            assert victim is not None
+            self._forget(state, victim)
+            victim.future.set_exception(_too_busy(victim_class, self._predicted_wait(state, victim_class,
+                                                                                     self.clock()) or 1.0,
+                                                  "was shed to make room for higher-priority work"))
+            self._shed(victim_class, "displaced")
+
+    def _forget(self, state: PoolState, waiter: Waiter) -> None:
+        if state.queues[waiter.ctx.service_class].remove(waiter):
+            state.queued_bytes -= waiter.size
+        self._publish_depth(state)
+
+    # -- bookkeeping --------------------------------------------------------------------------------------
+
+    def _state(self, name: str, workers: list[Worker], spec: Pool) -> PoolState:
+        state = self.pools.get(name)
+        if state is None:
+            state = self.pools[name] = PoolState(name, workers, spec)
+        elif state.workers is not workers:  # the pool was replaced by a policy reload: queued requests stay
+            state.workers, state.spec = workers, spec
+        return state
+
+    @staticmethod
+    def _max_wait(ctx: RequestContext, klass: str) -> float:
+        policy = ctx.snapshot.policy
+        override = policy.scheduling.tiers.get(klass)  # type: ignore[call-overload]
+        if override is not None and override.max_queue_wait_ms is not None:
+            return override.max_queue_wait_ms / 1000
+        if klass == "batch":
+            return BATCH_WAIT_S
+        tier = policy.tiers.get(klass)  # type: ignore[call-overload]
+        return (tier.slo.ttft_p95_ms if tier else 800.0) / 2000
+
+    def _tenant_take(self, ctx: RequestContext, cap: int) -> None:
+        assert ctx.tenant is not None
+        name = ctx.tenant.name
+        held = self.tenant_inflight.get(name, 0)
+        if held >= cap:
+            raise ApiError(429, f"Too many requests in flight for this tenant (limit {cap}); retry shortly.",
+                           "rate_limit_error", "tenant_concurrency_exceeded", headers=[(b"retry-after", b"1")])
+        self.tenant_inflight[name] = held + 1
+
+    def _tenant_give(self, ctx: RequestContext) -> None:
+        assert ctx.tenant is not None
+        name = ctx.tenant.name
+        left = self.tenant_inflight.get(name, 1) - 1
+        if left > 0:
+            self.tenant_inflight[name] = left
+        else:
+            self.tenant_inflight.pop(name, None)
+
+    def _shed(self, klass: str, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.shed.labels(klass, reason).inc()
+
+    def _publish_depth(self, state: PoolState) -> None:
+        if self.metrics is not None:
+            for klass in TIERS:
+                self.metrics.queue_depth.labels(state.name, klass).set(state.queues[klass].count)
+
+    def snapshot(self) -> dict[str, object]:
+        """What GET /admin/queues shows."""
+        now = self.clock()
+        return {name: {"granted": s.granted, "drain_rate_per_s": round(s.drain_rate(now), 2),
+                       "queued_bytes": s.queued_bytes,
+                       "classes": {k: {"depth": q.count, "oldest_wait_s": round(q.oldest_wait(now), 3),
+                                       "by_tenant": q.depth_by_tenant()} for k, q in s.queues.items()}}
+                for name, s in self.pools.items()}
+
+
+def _too_busy(klass: str, wait_s: float, why: str) -> ApiError:
+    retry = max(1, math.ceil(wait_s))
+    return ApiError(429, f"The {klass} queue is too busy: this request {why}. Retry after {retry} s.",
+                    "rate_limit_error", "queue_overloaded", headers=[(b"retry-after", str(retry).encode())])

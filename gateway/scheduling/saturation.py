@@ -1,0 +1,40 @@
+"""How much work a pool can start now, from the gateway's own counts and fresh vLLM metrics.
+
+A worker takes new work only while it is healthy, its metrics are fresh, its KV cache is below the
+threshold and its own waiting queue is empty: the backlog then stays in the gateway's queues, where the
+order is the gateway's (premium first), instead of inside the engine, where every tier waits alike.
+
+Each worker's concurrency is learned from its metrics rather than trusted from configuration: when requests
+wait inside the engine, the number it runs is what it can run (vLLM's max_num_seqs, or fewer when the KV
+cache is the limit), and the limit drops to it; while the engine keeps up near the limit, the limit probes
+upwards by a quarter, up to the pool's max_inflight_per_worker.
+"""
+
+from __future__ import annotations
+
+from gateway.policy.schema import Pool, SchedulingPolicy
+from gateway.workers_state import Worker
+
+
+def learn(worker: Worker, ceiling: int) -> None:
+    """Update the worker's learned concurrency after a metrics read."""
+    current = worker.learned_limit or ceiling
+    if worker.waiting > 0:
+        current = max(1, int(worker.running))
+    elif worker.running >= 0.9 * current:
+        current = current + max(1, current // 4)
+    worker.learned_limit = min(ceiling, current)
+
+
+def worker_slots(worker: Worker, spec: Pool, scheduling: SchedulingPolicy, now: float) -> int:
+    """How many gateway requests the worker may hold now (those it holds already included)."""
+    if not worker.available(now):
+        return 0
+    if now - worker.scraped_at > scheduling.stale_after_s or worker.waiting > 0 \
+            or worker.kv_usage >= scheduling.kv_saturation:
+        return worker.inflight  # saturated or unknown: nothing new until it reports room
+    return max(worker.inflight, worker.learned_limit or spec.max_inflight_per_worker)
+
+
+def capacity(workers: list[Worker], spec: Pool, scheduling: SchedulingPolicy, now: float) -> int:
+    return sum(worker_slots(w, spec, scheduling, now) for w in workers)

@@ -1,0 +1,237 @@
+"""The scheduler's rules in-process: priority between classes, fairness inside one, deadlines, bounds, leaving."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gateway.context import RequestContext
+from gateway.openai_api import ApiError
+from gateway.policy.loader import PolicySnapshot
+from gateway.policy.schema import Policy
+from gateway.scheduling.controller import Controller
+from gateway.scheduling.queues import ClassQueue, Waiter
+from gateway.scheduling.saturation import learn, worker_slots
+from gateway.workers_state import Worker
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def snapshot(**scheduling: Any) -> PolicySnapshot:
+    policy = Policy.model_validate({
+        "tenants": {"p1": {"tier": "premium"}, "s1": {"tier": "standard"}, "s2": {"tier": "standard"},
+                    "heavy": {"tier": "standard", "weight": 1.0}, "b1": {"tier": "batch"}},
+        "models": {"m": {"pool": "p"}},
+        "pools": {"p": {"workers": ["http://w1"], "max_inflight_per_worker": 2}},
+        "scheduling": {"batch_headroom": 0.0, **scheduling}})
+    return PolicySnapshot.build(policy, "test")
+
+
+class Harness:
+    def __init__(self, **scheduling: Any) -> None:
+        self.clock = Clock()
+        self.snap = snapshot(**scheduling)
+        self.controller = Controller(clock=self.clock)
+        self.worker = Worker("http://w1", "p", healthy=True, scraped_at=self.clock.now, learned_limit=2)
+        self.spec = self.snap.policy.pools["p"]
+        self.granted: list[str] = []
+
+    def ctx(self, tenant: str, klass: str | None = None) -> RequestContext:
+        ctx = RequestContext(tenant, self.snap, "chat")
+        ctx.tenant = self.snap.tenants[tenant]
+        ctx.service_class = klass or ctx.tenant.tier
+        return ctx
+
+    async def admit(self, ctx: RequestContext, cost: int = 100, size: int = 100) -> RequestContext:
+        await self.controller.admit(ctx, "p", [self.worker], self.spec, cost, size)
+        self.worker.inflight += 1  # what the dispatch lease does
+        self.granted.append(ctx.request_id)
+        return ctx
+
+    def release(self, ctx: RequestContext) -> None:
+        self.worker.inflight -= 1
+        self.controller.release(ctx, "p")
+
+    def queue(self, tenant: str, klass: str | None = None, **kw: Any) -> asyncio.Task[RequestContext]:
+        return asyncio.ensure_future(self.admit(self.ctx(tenant, klass), **kw))
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_strict_priority_between_classes() -> None:
+    async def main() -> None:
+        h = Harness()
+        running = [await h.admit(h.ctx("s1")), await h.admit(h.ctx("s2"))]  # capacity 2, both taken
+        waiting = [h.queue("b1"), h.queue("s1"), h.queue("p1")]
+        await settle()
+        assert h.granted == ["s1", "s2"], "nothing starts while the worker is full"
+        for ctx in running:
+            h.release(ctx)
+            await settle()
+        assert h.granted[2:] == ["p1", "s1"], "premium first, then standard"
+        h.release(waiting[2].result())
+        await settle()
+        assert h.granted[4:] == ["b1"], "batch last"
+    asyncio.run(main())
+
+
+def test_batch_leaves_headroom_and_never_passes_waiting_work() -> None:
+    async def main() -> None:
+        h = Harness(batch_headroom=0.5)  # of 2 slots, batch leaves 1 free
+        batch = h.queue("b1")
+        await settle()
+        assert h.granted == ["b1"], "an idle pool takes batch work"
+        second = h.queue("b1")
+        await settle()
+        assert h.granted == ["b1"], "but keeps the headroom free for interactive work"
+        await h.admit(h.ctx("p1"))
+        assert h.granted == ["b1", "p1"], "premium starts at once in the headroom"
+        h.release(batch.result())
+        await settle()
+        assert h.granted == ["b1", "p1"], "with premium running, batch still leaves the headroom"
+        second.cancel()
+    asyncio.run(main())
+
+
+def test_fair_between_tenants_in_tokens_fifo_inside_one() -> None:
+    queue = ClassQueue()
+
+    async def main() -> None:
+        for i in range(6):
+            queue.push(Waiter(None, "heavy", 1.0, 100, 1, float(i)))  # type: ignore[arg-type]
+        for i in range(2):
+            queue.push(Waiter(None, "s2", 1.0, 100, 1, 10.0 + i))  # type: ignore[arg-type]
+        order = []
+        while (waiter := queue.pop()) is not None:
+            order.append((waiter.tenant, waiter.enqueued_at))
+        assert [t for t, _ in order[:4]].count("s2") == 2, "the quiet tenant is not stuck behind the flood"
+        heavy = [at for t, at in order if t == "heavy"]
+        assert heavy == sorted(heavy), "FIFO inside a tenant"
+        queue.push(Waiter(None, "big", 1.0, 1000, 1, 0.0))  # type: ignore[arg-type]
+        queue.push(Waiter(None, "small", 2.0, 100, 1, 0.0))  # type: ignore[arg-type]
+        for _ in range(3):
+            queue.push(Waiter(None, "big", 1.0, 1000, 1, 0.0))  # type: ignore[arg-type]
+            queue.push(Waiter(None, "small", 2.0, 100, 1, 0.0))  # type: ignore[arg-type]
+        first_five = [queue.pop().tenant for _ in range(5)]  # type: ignore[union-attr]
+        assert first_five.count("small") >= 4, "measured in tokens: small requests get more turns"
+    asyncio.run(main())
+
+
+def test_a_request_that_would_miss_its_deadline_is_shed_at_once() -> None:
+    async def main() -> None:
+        h = Harness(tiers={"standard": {"max_queue_wait_ms": 1600}})
+        running = [await h.admit(h.ctx("s1")), await h.admit(h.ctx("s2"))]
+        state = h.controller.pools["p"]
+        for i in range(10):  # it drains 2 requests a second
+            state.completions.append(h.clock.now - 5 + i * 0.5)
+        waiting = [h.queue("s1") for _ in range(3)]  # 0.5, 1.0 and 1.5 s away: within the 1.6 s deadline
+        await settle()
+        assert state.queues["standard"].count == 3
+        with pytest.raises(ApiError) as caught:
+            await h.admit(h.ctx("s2"))
+        assert caught.value.status == 429 and caught.value.code == "queue_overloaded"
+        assert dict(caught.value.headers)[b"retry-after"] == b"2", "4 ahead at 2/s"
+        assert state.queues["standard"].count == 3, "shed at once, never queued"
+        for task in waiting:
+            task.cancel()
+        for ctx in running:
+            h.release(ctx)
+    asyncio.run(main())
+
+
+def test_a_queued_request_past_its_deadline_gets_429_and_leaves() -> None:
+    async def main() -> None:
+        h = Harness(tiers={"standard": {"max_queue_wait_ms": 50}})
+        running = [await h.admit(h.ctx("s1")), await h.admit(h.ctx("s2"))]
+        with pytest.raises(ApiError) as caught:
+            await h.admit(h.ctx("s1"))
+        assert caught.value.status == 429 and b"retry-after" in dict(caught.value.headers)
+        assert h.controller.pools["p"].queues["standard"].count == 0
+        for ctx in running:
+            h.release(ctx)
+        assert h.controller.pools["p"].granted == 0
+    asyncio.run(main())
+
+
+def test_a_client_that_leaves_the_queue_takes_nothing_with_it() -> None:
+    async def main() -> None:
+        h = Harness()
+        running = [await h.admit(h.ctx("s1")), await h.admit(h.ctx("s2"))]
+        leaving = h.queue("s1")
+        staying = h.queue("s2")
+        await settle()
+        leaving.cancel()
+        await settle()
+        assert h.controller.pools["p"].queues["standard"].count == 1
+        h.release(running[0])
+        await settle()
+        assert staying.done() and h.granted[-1] == "s2", "the next one in line got the slot"
+        assert h.controller.tenant_inflight == {"s2": 2}, "the leaver's tenant count was given back"
+    asyncio.run(main())
+
+
+def test_full_queues_shed_the_lowest_class_first() -> None:
+    async def main() -> None:
+        h = Harness(max_queued_bytes=1024)
+        await h.admit(h.ctx("s1"))
+        await h.admit(h.ctx("s2"))
+        batch = h.queue("b1", size=800)
+        await settle()
+        premium = h.queue("p1", size=500)
+        await settle()
+        with pytest.raises(ApiError) as caught:
+            await batch
+        assert caught.value.status == 429 and "higher-priority" in caught.value.message
+        assert not premium.done() and h.controller.pools["p"].queues["premium"].count == 1
+        with pytest.raises(ApiError):
+            await h.admit(h.ctx("s1"), size=900)  # nothing lower to shed: this one is refused
+        premium.cancel()
+    asyncio.run(main())
+
+
+def test_a_request_may_ask_for_a_lower_class_never_a_higher_one() -> None:
+    from gateway.pipeline import lower_class
+
+    assert lower_class("premium", "batch") == "batch"
+    assert lower_class("batch", "premium") == "batch"
+    assert lower_class("standard", "nonsense") == "standard"
+    assert lower_class("standard", None) == "standard"
+
+
+def test_fifo_mode_admits_at_once() -> None:
+    async def main() -> None:
+        h = Harness(mode="fifo")
+        for _ in range(5):
+            await h.admit(h.ctx("s1"))
+        assert len(h.granted) == 5
+    asyncio.run(main())
+
+
+def test_worker_concurrency_is_learned_from_its_metrics() -> None:
+    worker = Worker("http://w", "p", healthy=True)
+    learn(worker, ceiling=64)
+    assert worker.learned_limit == 64
+    worker.running, worker.waiting = 8, 3  # the engine runs 8 and queues the rest
+    learn(worker, ceiling=64)
+    assert worker.learned_limit == 8
+    worker.running, worker.waiting = 8, 0  # keeping up at its limit: probe upwards
+    learn(worker, ceiling=64)
+    assert worker.learned_limit == 10
+    snap = snapshot()
+    spec, scheduling = snap.policy.pools["p"], snap.policy.scheduling
+    worker.scraped_at = 100.0
+    assert worker_slots(worker, spec, scheduling, now=100.5) == 10
+    assert worker_slots(worker, spec, scheduling, now=110.0) == worker.inflight, "stale metrics: no new work"
+    worker.kv_usage = 0.95
+    assert worker_slots(worker, spec, scheduling, now=100.5) == worker.inflight, "KV nearly full: no new work"
