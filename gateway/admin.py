@@ -1,4 +1,4 @@
-"""The admin API (/admin/*): policy apply and status, cache purge. Every route needs the admin token."""
+"""The admin API (/admin/*): policy apply and status, queues, cache purge. Every route needs the admin token."""
 
 from __future__ import annotations
 
@@ -65,7 +65,14 @@ def routes(gw: Gateway) -> list[Route]:
             return error_response(503, "The cache store is unreachable.", "cache_store_down", "server_error")
         return json_response({"purged": purged})
 
+    async def queues(request: Request) -> Response:
+        """Per pool: requests started, drain rate, and per class the depth, oldest wait and depth by tenant."""
+        if (denied := guard(request)) is not None:
+            return denied
+        return json_response({"mode": store.current.policy.scheduling.mode, "pools": gw.scheduler.snapshot()})
+
     return [
+        Route("/admin/queues", queues, methods=["GET"]),
         Route("/admin/policy", put_policy, methods=["PUT"]),
         Route("/admin/policy/status", policy_status, methods=["GET"]),
         Route("/admin/cache", purge_cache, methods=["DELETE"]),

@@ -36,6 +36,8 @@ class Worker:
     running: float = 0.0  # vLLM's running requests (scraped)
     scraped_at: float = 0.0  # monotonic time of the last good metrics read
     learned_limit: int = 0  # the concurrency learned from the worker's metrics (scheduling.saturation)
+    queued_reads: int = 0  # consecutive metrics reads with requests waiting in the engine
+    last_running: float = 0.0
 
     def available(self, now: float) -> bool:
         return self.healthy and now >= self.cooldown_until

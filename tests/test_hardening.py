@@ -223,3 +223,27 @@ def test_tenant_concurrency_cap_answers_429_with_retry_after(start_sim: Starter,
     assert limited[0].json()["error"]["code"] == "tenant_concurrency_exceeded"
     assert sum(r.status_code == 200 for r in replies) >= 2
     assert wait_for(lambda: inflight(gw) == 0)
+
+
+def test_a_queued_client_that_leaves_sends_nothing_upstream(start_sim: Starter, start_gateway: Starter) -> None:
+    """Issue 10: the queue is the gateway's; a client that gives up while queued is gone from it at once."""
+    sim = start_sim("--decode-base-ms", "40")
+    policy = strict_policy([sim.url])
+    policy["pools"]["main"]["max_inflight_per_worker"] = 1
+    policy["scheduling"] = {"tiers": {"standard": {"max_queue_wait_ms": 20_000}}}
+    gw = start_gateway(policy)
+    import threading
+
+    first = threading.Thread(target=lambda: httpx.post(
+        gw.url + "/v1/chat/completions", json=chat(max_tokens=60, ignore_eos=True), headers=AUTH, timeout=30))
+    first.start()
+    assert wait_for(lambda: inflight(gw) == 1)
+    with pytest.raises(httpx.ReadTimeout):  # queued behind the first, gives up after 0.5 s
+        httpx.post(gw.url + "/v1/chat/completions", json=chat(max_tokens=60, ignore_eos=True), headers=AUTH,
+                   timeout=httpx.Timeout(10, read=0.5))
+    assert wait_for(lambda: metric_value(gw.url, "tollgate_queue_depth") == 0, timeout=5), "it left the queue"
+    first.join()
+    time.sleep(0.5)
+    assert metric_value(sim.url, "vllm:request_success_total") == 1, "only the first request reached the worker"
+    queues = httpx.get(gw.url + "/admin/queues", headers=ADMIN).json()
+    assert queues["mode"] == "priority" and queues["pools"]["main"]["granted"] == 0

@@ -224,7 +224,9 @@ def test_worker_concurrency_is_learned_from_its_metrics() -> None:
     assert worker.learned_limit == 64
     worker.running, worker.waiting = 8, 3  # the engine runs 8 and queues the rest
     learn(worker, ceiling=64)
-    assert worker.learned_limit == 8
+    assert worker.learned_limit == 64, "one read with requests waiting may be a request between two steps"
+    learn(worker, ceiling=64)
+    assert worker.learned_limit == 8, "two in a row: 8 is what it runs"
     worker.running, worker.waiting = 8, 0  # keeping up at its limit: probe upwards
     learn(worker, ceiling=64)
     assert worker.learned_limit == 10
@@ -232,6 +234,8 @@ def test_worker_concurrency_is_learned_from_its_metrics() -> None:
     spec, scheduling = snap.policy.pools["p"], snap.policy.scheduling
     worker.scraped_at = 100.0
     assert worker_slots(worker, spec, scheduling, now=100.5) == 10
+    worker.waiting = 2
+    assert worker_slots(worker, spec, scheduling, now=100.5) == 10, "the learned limit, no stall"
     assert worker_slots(worker, spec, scheduling, now=110.0) == worker.inflight, "stale metrics: no new work"
     worker.kv_usage = 0.95
     assert worker_slots(worker, spec, scheduling, now=100.5) == worker.inflight, "KV nearly full: no new work"

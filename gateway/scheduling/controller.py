@@ -32,6 +32,7 @@ from gateway.scheduling.saturation import capacity
 from gateway.workers_state import Worker
 
 BATCH_WAIT_S = 600.0
+_DEADLINE_MARGIN_S = 0.01
 
 
 @dataclass
@@ -118,7 +119,8 @@ class Controller:
         state.queued_bytes += size
         self._publish_depth(state)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter.future), timeout=deadline_s)
+            # a little before the deadline, so that a grant racing the timer still starts within it
+            await asyncio.wait_for(asyncio.shield(waiter.future), timeout=max(0.0, deadline_s - _DEADLINE_MARGIN_S))
         except ApiError:  # displaced by higher-priority work (see _make_room)
             raise
         except TimeoutError:

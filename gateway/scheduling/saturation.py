@@ -1,8 +1,9 @@
 """How much work a pool can start now, from the gateway's own counts and fresh vLLM metrics.
 
 A worker takes new work only while it is healthy, its metrics are fresh, its KV cache is below the
-threshold and its own waiting queue is empty: the backlog then stays in the gateway's queues, where the
-order is the gateway's (premium first), instead of inside the engine, where every tier waits alike.
+threshold and the gateway holds fewer of its requests than it can run: the backlog then stays in the
+gateway's queues, where the order is the gateway's (premium first), instead of inside the engine, where
+every tier waits alike.
 
 Each worker's concurrency is learned from its metrics rather than trusted from configuration: when requests
 wait inside the engine, the number it runs is what it can run (vLLM's max_num_seqs, or fewer when the KV
@@ -17,12 +18,21 @@ from gateway.workers_state import Worker
 
 
 def learn(worker: Worker, ceiling: int) -> None:
-    """Update the worker's learned concurrency after a metrics read."""
+    """Update the worker's learned concurrency after a metrics read.
+
+    A request that arrived just before the scrape shows as waiting for one engine step even when the engine
+    has room, so only two reads in a row with requests waiting lower the limit (to the larger of the two
+    running counts)."""
     current = worker.learned_limit or ceiling
     if worker.waiting > 0:
-        current = max(1, int(worker.running))
-    elif worker.running >= 0.9 * current:
-        current = current + max(1, current // 4)
+        if worker.queued_reads:
+            current = max(1, int(max(worker.running, worker.last_running)))
+        worker.queued_reads += 1
+    else:
+        worker.queued_reads = 0
+        if worker.running >= 0.9 * current:
+            current = current + max(1, current // 4)
+    worker.last_running = worker.running
     worker.learned_limit = min(ceiling, current)
 
 
@@ -30,10 +40,11 @@ def worker_slots(worker: Worker, spec: Pool, scheduling: SchedulingPolicy, now: 
     """How many gateway requests the worker may hold now (those it holds already included)."""
     if not worker.available(now):
         return 0
-    if now - worker.scraped_at > scheduling.stale_after_s or worker.waiting > 0 \
-            or worker.kv_usage >= scheduling.kv_saturation:
-        return worker.inflight  # saturated or unknown: nothing new until it reports room
-    return max(worker.inflight, worker.learned_limit or spec.max_inflight_per_worker)
+    if now - worker.scraped_at > scheduling.stale_after_s or worker.kv_usage >= scheduling.kv_saturation:
+        return worker.inflight  # unknown, or nearly out of KV cache: nothing new until it reports room
+    # A worker that queued requests at its last scrape has had its limit lowered to what it runs (learn());
+    # from there the gateway's own in-flight count, fresher than any scrape, says when a slot is free.
+    return worker.learned_limit or spec.max_inflight_per_worker
 
 
 def capacity(workers: list[Worker], spec: Pool, scheduling: SchedulingPolicy, now: float) -> int:
