@@ -31,7 +31,7 @@ def snapshot(**scheduling: Any) -> PolicySnapshot:
                     "heavy": {"tier": "standard", "weight": 1.0}, "b1": {"tier": "batch"}},
         "models": {"m": {"pool": "p"}},
         "pools": {"p": {"workers": ["http://w1"], "max_inflight_per_worker": 2}},
-        "scheduling": {"batch_headroom": 0.0, **scheduling}})
+        "scheduling": {"batch_headroom": 0.0, "premium_reserve": 0.0, **scheduling}})
     return PolicySnapshot.build(policy, "test")
 
 
@@ -197,6 +197,19 @@ def test_full_queues_shed_the_lowest_class_first() -> None:
         with pytest.raises(ApiError):
             await h.admit(h.ctx("s1"), size=900)  # nothing lower to shed: this one is refused
         premium.cancel()
+    asyncio.run(main())
+
+
+def test_standard_leaves_the_premium_reserve() -> None:
+    async def main() -> None:
+        h = Harness(premium_reserve=0.5)  # of 2 slots, 1 is premium's
+        await h.admit(h.ctx("s1"))
+        second = h.queue("s2")
+        await settle()
+        assert h.granted == ["s1"], "standard stops at the reserve"
+        await h.admit(h.ctx("p1"))
+        assert h.granted == ["s1", "p1"], "premium takes the reserved slot at once"
+        second.cancel()
     asyncio.run(main())
 
 

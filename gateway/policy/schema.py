@@ -155,6 +155,8 @@ class SchedulingPolicy(Strict):
     mode: Literal["priority", "fifo"] = Field("priority", description="fifo admits at once (for comparison)")
     kv_saturation: float = Field(0.9, gt=0, le=1, description="a worker above this KV-cache usage gets no new work")
     stale_after_s: float = Field(2.0, gt=0, description="a worker whose metrics are older gets no new work")
+    premium_reserve: float = Field(0.25, ge=0, lt=1, description="share of capacity only premium may take, so a "
+                                   "premium request finds a slot even when standard work fills the rest")
     batch_headroom: float = Field(0.1, ge=0, lt=1, description="share of capacity batch work leaves free")
     max_queued: int = Field(10_000, ge=1, description="queued requests per class; more are shed")
     max_queued_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="queued request bodies, all classes")

@@ -1,8 +1,9 @@
 """Admission: hold each request in its pool's queues until a worker can start it, in the order the policy sets.
 
-- Between classes, strict priority: premium, then standard, then batch. Batch takes a slot only when no
-  premium or standard request waits and a share of the capacity (batch_headroom) stays free, so a premium
-  request arriving next starts at once.
+- Between classes, strict priority: premium, then standard, then batch. Standard leaves a share of the
+  capacity (premium_reserve) to premium, and batch takes a slot only when no premium or standard request
+  waits and a share (batch_headroom) stays free, so a premium request arriving next starts at once even when
+  the slots below it finish in lockstep (equal answers started together end together).
 - Inside a class, fair between tenants by tokens (queues.ClassQueue), FIFO inside a tenant.
 - Dispatch is event-driven: a release or a metrics update grants what now fits; nothing polls.
 - Deadlines: each class has a longest queue wait. A request whose predicted wait (the work ahead of it at the
@@ -165,13 +166,16 @@ class Controller:
         """May a request of ``klass`` start now? (``queued``: it is the head of its queue, nothing ahead.)"""
         if not queued and any(state.queues[k].count for k in TIERS[: TIERS.index(klass) + 1]):
             return False  # others of its class or above are waiting first
-        free = capacity(state.workers, state.spec, scheduling, now) - state.granted
-        if klass != "batch":
+        total = capacity(state.workers, state.spec, scheduling, now)
+        free = total - state.granted
+        if klass == "premium":
             return free > 0
+        reserve = _share(total, scheduling.premium_reserve)
+        if klass == "standard":
+            return free > reserve
         if state.queues["premium"].count or state.queues["standard"].count:
             return False
-        total = capacity(state.workers, state.spec, scheduling, now)
-        return free > math.ceil(total * scheduling.batch_headroom)
+        return free > max(reserve, _share(total, scheduling.batch_headroom))
 
     def _predicted_wait(self, state: PoolState, klass: str, now: float) -> float | None:
         """Seconds until a new request of ``klass`` would start: the work ahead of it at the drain rate."""
@@ -259,6 +263,11 @@ class Controller:
                        "classes": {k: {"depth": q.count, "oldest_wait_s": round(q.oldest_wait(now), 3),
                                        "by_tenant": q.depth_by_tenant()} for k, q in s.queues.items()}}
                 for name, s in self.pools.items()}
+
+
+def _share(total: int, fraction: float) -> int:
+    """Slots held back for a higher class: a share of the capacity, never all of it."""
+    return min(math.ceil(total * fraction), max(0, total - 1))
 
 
 def _too_busy(klass: str, wait_s: float, why: str) -> ApiError:
