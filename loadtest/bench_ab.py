@@ -1,0 +1,72 @@
+"""Gateway CPU per request of two checkouts, alternated (python -m loadtest.bench_ab OLD_CHECKOUT NEW_CHECKOUT).
+
+Run-to-run spread on this shared machine is about ±25%, larger than most changes to the request path, so a
+before/after claim needs both gateways measured side by side: each start runs a zero-delay simulated worker
+and the gateway of one checkout (gateway on CPU 1, worker and client on CPU 0), then three closed-loop runs at
+c=1 of 64-token streams and of plain 16-token chats; starts alternate between the checkouts. Prints every
+run and the medians. A checkout is a directory with this repository's layout (e.g. `git worktree add`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+_ONE_START = """
+import asyncio, json, os, sys, tempfile
+from pathlib import Path
+sys.path.insert(0, os.getcwd())
+from loadtest.bench_overhead import policy, spec
+from loadtest.procs import start_gateway, start_sim
+from loadtest.runner import run
+os.sched_setaffinity(0, {0})
+tmp = Path(tempfile.mkdtemp())
+sim = start_sim(tmp, "--zero-delay", cpu=0)
+gw = start_gateway(tmp, policy(sim.url), cpu=1)
+out = {"stream": [], "plain": []}
+try:
+    for kind, stream, tokens in (("stream", True, 64), ("plain", False, 16)):
+        asyncio.run(run(spec(1, stream, tokens, 1.0), gw.url))
+        for _ in range(3):
+            before = gw.cpu_seconds()
+            result = asyncio.run(run(spec(1, stream, tokens, %(seconds)s), gw.url))
+            out[kind].append((gw.cpu_seconds() - before) / len(result.results) * 1000)
+finally:
+    gw.kill()
+    sim.kill()
+print(json.dumps(out))
+"""
+
+
+def one_start(checkout: Path, seconds: float) -> dict[str, list[float]]:
+    import json
+
+    done = subprocess.run([sys.executable, "-c", _ONE_START % {"seconds": seconds}], cwd=checkout,
+                          capture_output=True, text=True, check=True, timeout=300)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("old", type=Path)
+    parser.add_argument("new", type=Path)
+    parser.add_argument("--starts", type=int, default=3, help="starts per checkout")
+    parser.add_argument("--seconds", type=float, default=4.0)
+    args = parser.parse_args()
+    runs: dict[str, dict[str, list[float]]] = {"old": {"stream": [], "plain": []}, "new": {"stream": [], "plain": []}}
+    for _ in range(args.starts):
+        for name, checkout in (("old", args.old), ("new", args.new)):
+            result = one_start(checkout.resolve(), args.seconds)
+            for kind, values in result.items():
+                runs[name][kind] += values
+            print(name, {k: [round(v, 2) for v in vs] for k, vs in result.items()}, flush=True)
+    for name, kinds in runs.items():
+        print(name, {kind: f"median {statistics.median(v):.2f} ms ({min(v):.2f}-{max(v):.2f})"
+                     for kind, v in kinds.items()})
+
+
+if __name__ == "__main__":
+    main()
