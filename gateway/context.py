@@ -25,7 +25,7 @@ class Timings:
     """
 
     start: float = field(default_factory=time.perf_counter)
-    queue_wait: float | None = None  # scheduler.admit
+    queue_wait: float | None = None  # scheduling.controller.admit
     cache: float | None = None  # cache.decision.decide
     upstream_connect: float | None = None  # upstream.dispatch
     ttft: float | None = None  # first_byte()

@@ -83,3 +83,35 @@ def test_unbuffered_first_token(gateway: Proc) -> None:
             reads.append((time.monotonic(), chunk.count(b"data: ")))
     assert len(reads) > 10, "the stream arrived in many pieces, not one buffered body"
     assert sum(n for _, n in reads) >= 400
+
+
+def test_premium_goes_ahead_of_queued_batch_work(vllm_server: Any, start_gateway: Callable[..., Proc]) -> None:
+    """Issue 10, scaled down to one CPU engine: batch lines queue in the gateway; premium does not wait."""
+    import threading
+
+    policy = policy_dict([vllm_server.url], model=MODEL)
+    policy["pools"]["main"]["max_inflight_per_worker"] = 2  # with the default reserve, batch runs one at a time
+    gw = start_gateway(policy)
+    batch_body = {"model": MODEL, "messages": [{"role": "user", "content": "write"}], "max_tokens": 300,
+                  "ignore_eos": True}
+    statuses: list[int] = []
+
+    def batch_line() -> None:
+        statuses.append(httpx.post(gw.url + "/v1/chat/completions", json=batch_body, timeout=120, headers={
+            "authorization": f"Bearer {DEMO_KEY}", "x-tollgate-class": "batch"}).status_code)
+    lines = [threading.Thread(target=batch_line) for _ in range(6)]
+    for line in lines:
+        line.start()
+    assert wait_for(lambda: metric_value(gw.url, "tollgate_queue_depth", **{"class": "batch"}) >= 4, timeout=30)
+    started = time.monotonic()
+    premium = httpx.post(gw.url + "/v1/chat/completions", timeout=60,
+                         headers={"authorization": f"Bearer {PREMIUM_KEY}"},
+                         json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                               "ignore_eos": True})
+    waited = time.monotonic() - started
+    assert premium.status_code == 200
+    assert metric_value(gw.url, "tollgate_queue_depth", **{"class": "batch"}) >= 3, "premium passed the batch queue"
+    assert waited < 2.0, f"premium waited {waited:.2f} s behind batch work"
+    for line in lines:
+        line.join()
+    assert statuses == [200] * 6, "every batch line ran, after the premium request"
