@@ -91,6 +91,11 @@ def test_premium_goes_ahead_of_queued_batch_work(vllm_server: Any, start_gateway
 
     policy = policy_dict([vllm_server.url], model=MODEL)
     policy["pools"]["main"]["max_inflight_per_worker"] = 2  # with the default reserve, batch runs one at a time
+    # the point is the order, not the deadline: give premium room to wait if the engine is slow to free a slot
+    policy["scheduling"] = {"tiers": {"premium": {"max_queue_wait_ms": 10_000}}}
+    # the engine is shared with earlier tests: start from an idle one (aborted generations can run on a while)
+    assert wait_for(lambda: metric_value(vllm_server.url, "vllm:num_requests_running") == 0
+                    and metric_value(vllm_server.url, "vllm:num_requests_waiting") == 0, timeout=90)
     gw = start_gateway(policy)
     batch_body = {"model": MODEL, "messages": [{"role": "user", "content": "write"}], "max_tokens": 300,
                   "ignore_eos": True}
@@ -99,9 +104,18 @@ def test_premium_goes_ahead_of_queued_batch_work(vllm_server: Any, start_gateway
     def batch_line() -> None:
         statuses.append(httpx.post(gw.url + "/v1/chat/completions", json=batch_body, timeout=120, headers={
             "authorization": f"Bearer {DEMO_KEY}", "x-tollgate-class": "batch"}).status_code)
-    lines = [threading.Thread(target=batch_line) for _ in range(6)]
+    lines = [threading.Thread(target=batch_line, daemon=True) for _ in range(6)]
     for line in lines:
         line.start()
+    try:
+        _premium_passes_the_queue(gw)
+    finally:
+        for line in lines:
+            line.join(timeout=120)
+    assert statuses == [200] * 6, "every batch line ran, after the premium request"
+
+
+def _premium_passes_the_queue(gw: Proc) -> None:
     assert wait_for(lambda: metric_value(gw.url, "tollgate_queue_depth", **{"class": "batch"}) >= 4, timeout=30)
     started = time.monotonic()
     premium = httpx.post(gw.url + "/v1/chat/completions", timeout=60,
@@ -112,6 +126,3 @@ def test_premium_goes_ahead_of_queued_batch_work(vllm_server: Any, start_gateway
     assert premium.status_code == 200
     assert metric_value(gw.url, "tollgate_queue_depth", **{"class": "batch"}) >= 3, "premium passed the batch queue"
     assert waited < 2.0, f"premium waited {waited:.2f} s behind batch work"
-    for line in lines:
-        line.join()
-    assert statuses == [200] * 6, "every batch line ran, after the premium request"
