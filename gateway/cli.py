@@ -43,10 +43,7 @@ def _serve(policy: Path, host: str, port: int, banner: str | None = None) -> Non
         sys.exit(f"tollgate: {policy} is not a valid policy:\n{exc}")
     listener = start_logging()
     server_policy = store.current.policy.server
-    limits = Limits(max_request_line_bytes=server_policy.max_request_line_bytes,
-                    max_header_bytes=server_policy.max_header_bytes, max_headers=server_policy.max_headers,
-                    idle_timeout_s=server_policy.idle_timeout_s, header_timeout_s=server_policy.header_timeout_s,
-                    body_timeout_s=server_policy.body_timeout_s)
+    limits = Limits.from_policy(server_policy)
     app = create_app(store)
     config = uvicorn.Config(app, host=host, port=port, loop="uvloop", http=protocol_for(limits),
                             lifespan="on", access_log=False, log_level="warning",

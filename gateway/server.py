@@ -22,6 +22,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.openai_api import error_body
+from gateway.policy.schema import Server
 
 _REASONS = {408: b"Request Timeout", 414: b"URI Too Long", 431: b"Request Header Fields Too Large"}
 _MESSAGES = {
@@ -33,18 +34,25 @@ _MESSAGES = {
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    max_request_line_bytes: int = 8192
-    max_header_bytes: int = 32768
-    max_headers: int = 100
-    idle_timeout_s: float = 30.0
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
+    """The protocol's share of the policy's server section (its defaults live there, once)."""
+
+    max_request_line_bytes: int
+    max_header_bytes: int
+    max_headers: int
+    idle_timeout_s: float
+    header_timeout_s: float
+    body_timeout_s: float
+
+    @classmethod
+    def from_policy(cls, server: Server) -> Limits:
+        return cls(server.max_request_line_bytes, server.max_header_bytes, server.max_headers,
+                   server.idle_timeout_s, server.header_timeout_s, server.body_timeout_s)
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with size limits and read timeouts (see the module docstring)."""
 
-    limits = Limits()
+    limits = Limits.from_policy(Server())
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
