@@ -12,7 +12,7 @@ from gateway.metrics import GatewayMetrics
 def finish(ctx: RequestContext, metrics: GatewayMetrics) -> None:
     t = ctx.timings
     t.total = time.perf_counter() - t.start
-    tier, model = ctx.tier, ctx.model or "none"
+    tier, model = ctx.label, ctx.model or "none"  # the class the request ran in: batch lines count as batch
     queue_wait, connect, ttft, tpot, duration = metrics.stage_children(tier, model)
     for child, value in ((queue_wait, t.queue_wait), (connect, t.upstream_connect), (ttft, t.ttft),
                          (tpot, t.tpot), (duration, t.total)):
@@ -32,7 +32,7 @@ def finish(ctx: RequestContext, metrics: GatewayMetrics) -> None:
             metrics.cache_tokens_saved.labels(tier, "completion").inc(ctx.completion_tokens or 0)
     logs.emit({
         "time": time.time(), "request_id": ctx.request_id, "tenant": ctx.tenant.name if ctx.tenant else None,
-        "tier": tier,
+        "tier": ctx.tenant.tier if ctx.tenant else None, "class": tier, "batch": ctx.batch,
         "model": ctx.model, "endpoint": ctx.endpoint, "stream": ctx.stream, "worker": ctx.worker,
         "attempts": ctx.attempts, "status": ctx.status, "error": ctx.error,
         "prompt_tokens": ctx.prompt_tokens, "completion_tokens": ctx.completion_tokens,

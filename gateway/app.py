@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
 import re
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -16,6 +19,9 @@ from starlette.routing import Route
 from gateway import accounting, admin, pipeline
 from gateway.asgi import AsgiSink, Receive, Scope, Send, read_body, request_headers, until_disconnect
 from gateway.auth import authenticate, token_matches
+from gateway.batches import api as batch_api
+from gateway.batches.runner import BatchRunner
+from gateway.batches.store import BatchStore
 from gateway.context import RequestContext
 from gateway.openai_api import ApiError
 from gateway.policy.loader import PolicyStore
@@ -71,8 +77,24 @@ class Completions:
             accounting.finish(ctx, gw.metrics)
 
 
-def create_app(store: PolicyStore) -> HotPaths:
+def create_app(store: PolicyStore, data_dir: Path | None = None) -> HotPaths:
+    """The gateway app. ``data_dir`` holds what must survive a restart (batch files and state); without one
+    the Batch API is not served."""
     gw = Gateway(store)
+    runner = BatchRunner(gw, BatchStore(data_dir)) if data_dir is not None else None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: object) -> AsyncIterator[None]:
+        async with gw.lifespan():
+            if runner is None:
+                yield
+                return
+            await runner.start()
+            try:
+                yield
+            finally:
+                await runner.close()
+                runner.store.close()
 
     async def models(request: Request) -> Response:
         snapshot = store.current
@@ -121,9 +143,10 @@ def create_app(store: PolicyStore) -> HotPaths:
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             *admin.routes(gw),
+            *(batch_api.routes(runner) if runner is not None else []),
         ],
         exception_handlers={404: not_found, 405: not_found},
-        lifespan=gw.lifespan,
+        lifespan=lifespan,
     )
     return HotPaths(app, {"/v1/chat/completions": chat, "/v1/completions": completions}, gw)
 

@@ -18,6 +18,7 @@ import httpx
 
 DEFAULT_POLICY = "policies/default.yaml"
 DEMO_KEY = "tg-demo-key-change-me"
+DEFAULT_DATA_DIR = ".tollgate"
 
 
 def _policy_path(text: str) -> Path:
@@ -29,7 +30,7 @@ def _policy_path(text: str) -> Path:
     return path
 
 
-def _serve(policy: Path, host: str, port: int, banner: str | None = None) -> None:
+def _serve(policy: Path, host: str, port: int, data_dir: Path, banner: str | None = None) -> None:
     import uvicorn
 
     from gateway.app import create_app
@@ -44,7 +45,8 @@ def _serve(policy: Path, host: str, port: int, banner: str | None = None) -> Non
     listener = start_logging()
     server_policy = store.current.policy.server
     limits = Limits.from_policy(server_policy)
-    app = create_app(store)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    app = create_app(store, data_dir)
     config = uvicorn.Config(app, host=host, port=port, loop="uvloop", http=protocol_for(limits),
                             lifespan="on", access_log=False, log_level="warning",
                             timeout_keep_alive=int(max(1, server_policy.idle_timeout_s)),
@@ -74,7 +76,7 @@ def _serve(policy: Path, host: str, port: int, banner: str | None = None) -> Non
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    _serve(_policy_path(args.policy), args.host, args.port)
+    _serve(_policy_path(args.policy), args.host, args.port, Path(args.data_dir))
 
 
 def local_workers(policy_path: Path) -> list[tuple[int, list[str]]]:
@@ -134,7 +136,7 @@ def cmd_up(args: argparse.Namespace) -> None:
                   f"-H 'Content-Type: application/json' "
                   f"-d '{{\"model\":\"sim-llama-8b\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hi\"}}]}}'\n"
                   f"Ctrl-C stops the gateway and its workers.")
-        _serve(policy, args.host, args.port, banner)
+        _serve(policy, args.host, args.port, Path(args.data_dir), banner)
     finally:
         for child in children:
             if child.poll() is None:
@@ -211,12 +213,18 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--policy", default=DEFAULT_POLICY)
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--port", type=int, default=8080)
+    up.add_argument("--data-dir", default=os.environ.get("TOLLGATE_DATA_DIR", DEFAULT_DATA_DIR),
+                        help="where what must survive a restart is kept (batch files and state); "
+                             "env TOLLGATE_DATA_DIR")
     up.set_defaults(func=cmd_up)
 
     serve = sub.add_parser("serve", help="run the gateway only")
     serve.add_argument("--policy", default=DEFAULT_POLICY)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--data-dir", default=os.environ.get("TOLLGATE_DATA_DIR", DEFAULT_DATA_DIR),
+                        help="where what must survive a restart is kept (batch files and state); "
+                             "env TOLLGATE_DATA_DIR")
     serve.set_defaults(func=cmd_serve)
 
     from workers.sim.cli import build_parser as sim_parser

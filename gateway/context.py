@@ -54,6 +54,7 @@ class RequestContext:
     tenant: TenantView | None = None  # the edge (auth)
     model: str | None = None  # openai_api.prepare: only a model the policy routes
     stream: bool = False  # openai_api.prepare
+    batch: str | None = None  # batches.runner: the batch this request is a line of
     service_class: str = "standard"  # pipeline.run: the tenant's tier, or a lower class the request asked for
     max_tokens_applied: str | None = None  # openai_api.prepare
     cache: str | None = None  # cache.decision.decide: hit-exact | hit-semantic | miss | bypass
@@ -66,8 +67,9 @@ class RequestContext:
     status: int = 0  # the edge: the status the client got (499 if it left before any)
 
     @property
-    def tier(self) -> str:
-        return self.tenant.tier if self.tenant else "none"
+    def label(self) -> str:
+        """The class this request ran in, as metrics label it ("none" before authentication)."""
+        return self.service_class if self.tenant else "none"
 
     def response_headers(self) -> Headers:
         """The gateway's own headers on every answer, from what the steps so far decided."""

@@ -81,11 +81,14 @@ def start_sim(log_dir: Path, *flags: str, model: str = "sim-llama-8b", port: int
 
 
 def start_gateway(log_dir: Path, policy: dict[str, Any], ready: str = "/readyz", cpu: int | None = None,
-                  timeout: float = 60.0) -> Proc:
-    port = free_port()
+                  timeout: float = 60.0, data_dir: Path | None = None, port: int | None = None) -> Proc:
+    """A gateway process on ``policy``; its data directory is ``data_dir`` (default: a new one in log_dir)."""
+    port = port or free_port()
     path = log_dir / f"policy-{port}.yaml"
     path.write_text(yaml.safe_dump(policy))
-    cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--port", str(port)]
+    data_dir = data_dir or log_dir / f"data-{port}"
+    cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--port", str(port),
+           "--data-dir", str(data_dir)]
     proc = start(cmd, port, log_dir / f"gateway-{port}.log", ready, timeout=timeout, cpu=cpu)
     proc.extra["policy_path"] = path
     return proc

@@ -63,8 +63,8 @@ def start_gateway(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
     """Start a gateway process on a policy dict; its policy file is proc.extra["policy_path"]."""
     procs: list[Proc] = []
 
-    def start(policy: dict[str, Any], ready: str = "/readyz") -> Proc:
-        proc = procs_.start_gateway(tmp_path, policy, ready=ready)
+    def start(policy: dict[str, Any], ready: str = "/readyz", **options: Any) -> Proc:
+        proc = procs_.start_gateway(tmp_path, policy, ready=ready, **options)
         procs.append(proc)
         return proc
 

@@ -163,6 +163,17 @@ class SchedulingPolicy(Strict):
     tiers: dict[Tier, TierScheduling] = Field(default_factory=dict)
 
 
+class BatchPolicy(Strict):
+    """The OpenAI Batch API (/v1/files, /v1/batches): limits, and how many lines run at once."""
+
+    max_file_bytes: int = Field(200 * 1024 * 1024, ge=1024, description="larger uploads get 413 (OpenAI: 200 MB)")
+    max_lines: int = Field(50_000, ge=1, description="lines per batch input file (OpenAI: 50,000)")
+    max_inflight_lines: int = Field(64, ge=1, description="batch lines handed to the scheduler at once, all "
+                                    "batches together; the scheduler still runs them only in spare capacity")
+    line_attempts: int = Field(3, ge=1, description="tries of a line that fails in the gateway or a worker (5xx); "
+                               "a shed line (429/503) waits and retries without counting")
+
+
 class Policy(Strict):
     version: Literal[1] = 1
     allow_empty: bool = Field(False, description="accept a policy with no tenants or no models (serves nothing)")
@@ -174,6 +185,7 @@ class Policy(Strict):
     workers: dict[Name, WorkerSpec] = Field(default_factory=dict)
     cache: CachePolicy = CachePolicy()
     scheduling: SchedulingPolicy = SchedulingPolicy()
+    batches: BatchPolicy = BatchPolicy()
 
 
 def cross_reference_errors(policy: Policy) -> list[tuple[str, str]]:

@@ -1,0 +1,220 @@
+"""The OpenAI Files and Batches endpoints (/v1/files, /v1/batches) for a tenant's own key.
+
+Files and batches belong to the tenant that made them; another tenant's ids answer 404, as unknown ones do.
+Only ``purpose=batch`` uploads are taken. The body of an upload is counted as it arrives and refused with 413
+past ``batches.max_file_bytes``; the file is copied into the data directory on a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+from starlette.routing import Route
+
+from gateway.asgi import Message, read_body, request_headers
+from gateway.auth import authenticate
+from gateway.batches.lines import ENDPOINTS
+from gateway.batches.runner import BatchRunner
+from gateway.batches.store import FileRecord, new_id
+from gateway.openai_api import ApiError, parse_json
+from gateway.policy.loader import TenantView
+from gateway.responses import json_response
+
+MULTIPART_OVERHEAD = 64 * 1024  # form boundaries and the other fields, beyond the file itself
+Handler = Callable[[Request, TenantView], Awaitable[Response]]
+
+
+def routes(runner: BatchRunner) -> list[Route]:
+    store = runner.store
+    policy = runner.gw.store
+
+    def tenant_route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        """Authenticate the tenant's key, and answer an ApiError as OpenAI's error JSON."""
+        async def route(request: Request) -> Response:
+            try:
+                tenant = authenticate(request_headers(request.scope).get(b"authorization"), policy.current)
+                return await handler(request, tenant)
+            except ApiError as exc:
+                return Response(exc.body(), exc.status, dict((k.decode(), v.decode()) for k, v in exc.headers),
+                                media_type="application/json")
+        return route
+
+    async def upload(request: Request, tenant: TenantView) -> Response:
+        limit = policy.current.policy.batches.max_file_bytes
+        too_large = ApiError(413, f"The file is larger than the limit of {limit} bytes.", code="file_too_large")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit + MULTIPART_OVERHEAD:
+            raise too_large
+        if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+            raise ApiError(400, "Upload a file as multipart/form-data with the fields 'file' and 'purpose'.",
+                           code="invalid_content_type")
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await request.receive()
+            received += len(message.get("body", b""))
+            if received > limit + MULTIPART_OVERHEAD:
+                raise too_large
+            return message
+
+        try:
+            form = await Request(request.scope, counted).form(max_files=1, max_fields=8)
+        except HTTPException as exc:
+            raise ApiError(400, f"The upload is not a valid multipart form: {exc.detail}",
+                           code="invalid_multipart") from None
+        try:
+            purpose, file = form.get("purpose"), form.get("file")
+            if purpose != "batch":
+                raise ApiError(400, "Only purpose 'batch' is supported here.", param="purpose",
+                               code="invalid_purpose")
+            if not isinstance(file, UploadFile):
+                raise ApiError(400, "The form has no 'file' part.", param="file", code="missing_file")
+            if file.size is not None and file.size > limit:
+                raise too_large
+            if not file.size:
+                raise ApiError(400, "The file is empty.", param="file", code="empty_file")
+            staged = store.files_dir / (new_id("upload-") + ".part")
+            await asyncio.to_thread(_copy, file, staged)
+            record = await store.do(store.add_file, tenant.name, purpose, (file.filename or "upload.jsonl")[:256],
+                                    staged)
+        finally:
+            await form.close()
+        return json_response(record.to_openai())
+
+    async def list_files(request: Request, tenant: TenantView) -> Response:
+        q = request.query_params
+        limit = _limit(q.get("limit"), 10_000)
+        order = q.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise ApiError(400, "order must be 'asc' or 'desc'.", param="order", code="invalid_order")
+        found = await store.do(store.list_files, tenant.name, q.get("purpose"), limit + 1, q.get("after"),
+                               order == "desc")
+        return _page([f.to_openai() for f in found], limit)
+
+    async def get_file(request: Request, tenant: TenantView) -> Response:
+        return json_response((await _file(request, tenant)).to_openai())
+
+    async def file_content(request: Request, tenant: TenantView) -> Response:
+        record = await _file(request, tenant)
+        return FileResponse(store.file_path(record.id), media_type="application/octet-stream",
+                            filename=record.filename)
+
+    async def delete_file(request: Request, tenant: TenantView) -> Response:
+        file_id = request.path_params["file_id"]
+        if not await store.do(store.delete_file, tenant.name, file_id):
+            raise _no_such("file", file_id)
+        return json_response({"id": file_id, "object": "file", "deleted": True})
+
+    async def _file(request: Request, tenant: TenantView) -> FileRecord:
+        file_id = request.path_params["file_id"]
+        record = await store.do(store.get_file, tenant.name, file_id)
+        if record is None:
+            raise _no_such("file", file_id)
+        return record
+
+    async def create_batch(request: Request, tenant: TenantView) -> Response:
+        headers = request_headers(request.scope)
+        body = await parse_json(await read_body(request.receive, headers,
+                                                policy.current.policy.server.max_body_bytes))
+        file_id, endpoint = body.get("input_file_id"), body.get("endpoint")
+        window, metadata = body.get("completion_window"), body.get("metadata")
+        if not isinstance(file_id, str):
+            raise ApiError(400, "input_file_id is required.", param="input_file_id",
+                           code="missing_required_parameter")
+        if endpoint not in ENDPOINTS:
+            raise ApiError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}.", param="endpoint",
+                           code="invalid_endpoint")
+        if window != "24h":
+            raise ApiError(400, "completion_window must be '24h'.", param="completion_window",
+                           code="invalid_completion_window")
+        _check_metadata(metadata)
+        source = await store.do(store.get_file, tenant.name, file_id)
+        if source is None:
+            raise ApiError(400, f"No file with id '{file_id[:64]}'.", param="input_file_id", code="file_not_found")
+        if source.purpose != "batch":
+            raise ApiError(400, "The input file must have purpose 'batch'.", param="input_file_id",
+                           code="invalid_input_file")
+        record = await store.do(store.create_batch, tenant.name, endpoint, file_id, window, metadata)
+        runner.drive(record.id)
+        return json_response(record.to_openai())
+
+    async def list_batches(request: Request, tenant: TenantView) -> Response:
+        limit = _limit(request.query_params.get("limit"), 100)
+        found = await store.do(store.list_batches, tenant.name, limit + 1, request.query_params.get("after"))
+        return _page([b.to_openai() for b in found], limit)
+
+    async def get_batch(request: Request, tenant: TenantView) -> Response:
+        batch_id = request.path_params["batch_id"]
+        record = await store.do(store.get_batch, batch_id, tenant.name)
+        if record is None:
+            raise _no_such("batch", batch_id)
+        return json_response(record.to_openai())
+
+    async def cancel_batch(request: Request, tenant: TenantView) -> Response:
+        batch_id = request.path_params["batch_id"]
+        record = await store.do(store.get_batch, batch_id, tenant.name)
+        if record is None:
+            raise _no_such("batch", batch_id)
+        moved = await store.do(store.set_status, batch_id, "cancelling", ("validating", "in_progress"))
+        if not moved and record.status not in ("cancelling", "cancelled"):
+            raise ApiError(409, f"A batch with status '{record.status}' cannot be cancelled.",
+                               code="batch_not_cancellable")
+        runner.cancel(batch_id)
+        runner.drive(batch_id)
+        record = await store.do(store.get_batch, batch_id, tenant.name)
+        assert record is not None
+        return json_response(record.to_openai())
+
+    return [
+        Route("/v1/files", tenant_route(upload), methods=["POST"]),
+        Route("/v1/files", tenant_route(list_files), methods=["GET"]),
+        Route("/v1/files/{file_id}", tenant_route(get_file), methods=["GET"]),
+        Route("/v1/files/{file_id}", tenant_route(delete_file), methods=["DELETE"]),
+        Route("/v1/files/{file_id}/content", tenant_route(file_content), methods=["GET"]),
+        Route("/v1/batches", tenant_route(create_batch), methods=["POST"]),
+        Route("/v1/batches", tenant_route(list_batches), methods=["GET"]),
+        Route("/v1/batches/{batch_id}", tenant_route(get_batch), methods=["GET"]),
+        Route("/v1/batches/{batch_id}/cancel", tenant_route(cancel_batch), methods=["POST"]),
+    ]
+
+
+def _copy(upload: UploadFile, target: Path) -> None:
+    upload.file.seek(0)
+    with target.open("wb") as out:
+        shutil.copyfileobj(upload.file, out, 1024 * 1024)
+
+
+def _limit(text: str | None, most: int) -> int:
+    if text is None:
+        return min(20, most)
+    if not text.isdigit() or not 1 <= int(text) <= most:
+        raise ApiError(400, f"limit must be a whole number from 1 to {most}.", param="limit", code="invalid_limit")
+    return int(text)
+
+
+def _page(data: list[dict[str, object]], limit: int) -> Response:
+    shown = data[:limit]
+    return json_response({"object": "list", "data": shown, "first_id": shown[0]["id"] if shown else None,
+                          "last_id": shown[-1]["id"] if shown else None, "has_more": len(data) > limit})
+
+
+def _no_such(kind: str, ident: str) -> ApiError:
+    return ApiError(404, f"No {kind} with id '{ident[:64]}'.", code=f"{kind}_not_found")
+
+
+def _check_metadata(metadata: object) -> None:
+    if metadata is None:
+        return
+    if (not isinstance(metadata, dict) or len(metadata) > 16
+            or not all(isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512
+                       for k, v in metadata.items())):
+        raise ApiError(400, "metadata is at most 16 string pairs (keys up to 64 characters, values up to 512).",
+                       param="metadata", code="invalid_metadata")

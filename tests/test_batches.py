@@ -1,0 +1,244 @@
+"""The OpenAI Batch API through the real `openai` client, against a gateway process and simulated workers."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import DEMO_KEY, PREMIUM_KEY, Proc, policy_dict, wait_for
+
+MODEL = "sim-llama-8b"
+FINAL = ("completed", "failed", "expired", "cancelled")
+
+
+def jsonl(lines: list[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
+
+def request_line(custom_id: str, content: str = "Say hello", max_tokens: int = 8, model: str = MODEL,
+                 url: str = "/v1/chat/completions") -> dict[str, Any]:
+    return {"custom_id": custom_id, "method": "POST", "url": url,
+            "body": {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens}}
+
+
+def client_for(gateway: Proc, key: str = DEMO_KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.url + "/v1", api_key=key, max_retries=0)
+
+
+def submit(client: openai.OpenAI, lines: list[dict[str, Any]]) -> str:
+    uploaded = client.files.create(file=("input.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h", metadata={"job": "test"})
+    assert batch.status == "validating" and batch.metadata == {"job": "test"}
+    return batch.id
+
+
+def wait_final(client: openai.OpenAI, batch_id: str, timeout: float = 60.0) -> Any:
+    assert wait_for(lambda: client.batches.retrieve(batch_id).status in FINAL, timeout=timeout, interval=0.2)
+    return client.batches.retrieve(batch_id)
+
+
+def read_lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    return [json.loads(line) for line in client.files.content(file_id).content.splitlines() if line.strip()]
+
+
+@pytest.fixture
+def sim(start_sim: Callable[..., Proc]) -> Proc:
+    return start_sim("--decode-base-ms", "5")
+
+
+def test_openai_client_end_to_end(start_gateway: Callable[..., Proc], sim: Proc) -> None:
+    gateway = start_gateway(policy_dict([sim.url]))
+    client = client_for(gateway)
+    lines = [request_line(f"req-{i}", f"Question number {i}") for i in range(6)]
+    lines.append(request_line("bad-model", model="no-such-model"))
+    batch_id = submit(client, lines)
+
+    batch = wait_final(client, batch_id)
+    assert batch.status == "completed"
+    assert batch.request_counts is not None
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (7, 6, 1)
+    assert batch.in_progress_at and batch.finalizing_at and batch.completed_at
+    assert batch.created_at <= batch.in_progress_at <= batch.finalizing_at <= batch.completed_at
+
+    output = read_lines(client, batch.output_file_id)
+    assert sorted(o["custom_id"] for o in output) == sorted(f"req-{i}" for i in range(6))
+    for line in output:
+        assert line["id"].startswith("batch_req_") and line["error"] is None
+        assert line["response"]["status_code"] == 200
+        assert line["response"]["request_id"]
+        body = line["response"]["body"]
+        assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] > 0
+    errors = read_lines(client, batch.error_file_id)
+    assert [e["custom_id"] for e in errors] == ["bad-model"]
+    assert errors[0]["response"]["status_code"] == 404
+    assert errors[0]["response"]["body"]["error"]["code"] == "model_not_found"
+
+    assert batch_id in [b.id for b in client.batches.list(limit=10).data]
+    files = client.files.list()
+    assert {batch.output_file_id, batch.error_file_id} <= {f.id for f in files.data}
+    # each line ran as class batch: the gateway's metrics count them under that tier
+    metrics = httpx.get(gateway.url + "/metrics").text
+    assert 'tollgate_requests_total{model="sim-llama-8b",status="200",tier="batch"} 6.0' in metrics
+
+
+def test_invalid_file_fails_the_batch_naming_each_line(start_gateway: Callable[..., Proc], sim: Proc) -> None:
+    gateway = start_gateway(policy_dict([sim.url]))
+    client = client_for(gateway)
+    raw = b"\n".join([
+        json.dumps(request_line("a")).encode(),
+        b"{not json",
+        json.dumps(request_line("a")).encode(),
+        json.dumps(request_line("c", url="/v1/completions")).encode(),
+        json.dumps({**request_line("d"), "method": "GET"}).encode(),
+    ])
+    uploaded = client.files.create(file=("bad.jsonl", io.BytesIO(raw)), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    batch = wait_final(client, batch.id)
+    assert batch.status == "failed" and batch.failed_at
+    assert batch.errors is not None and batch.errors.data is not None
+    found = {(e.line, e.code) for e in batch.errors.data}
+    assert found == {(2, "invalid_json_line"), (3, "duplicate_custom_id"), (4, "mismatched_url"),
+                     (5, "invalid_method")}
+    assert batch.request_counts is not None and batch.request_counts.total == 0
+
+
+def test_files_and_batches_are_private_and_bounded(start_gateway: Callable[..., Proc], sim: Proc) -> None:
+    policy = policy_dict([sim.url])
+    policy["batches"] = {"max_file_bytes": 4096}
+    gateway = start_gateway(policy)
+    owner, other = client_for(gateway), client_for(gateway, PREMIUM_KEY)
+    batch_id = submit(owner, [request_line("only")])
+    file_id = owner.batches.retrieve(batch_id).input_file_id
+
+    with pytest.raises(openai.NotFoundError):
+        other.files.retrieve(file_id)
+    with pytest.raises(openai.NotFoundError):
+        other.files.content(file_id)
+    with pytest.raises(openai.NotFoundError):
+        other.batches.retrieve(batch_id)
+    with pytest.raises(openai.NotFoundError):
+        other.batches.cancel(batch_id)
+    with pytest.raises(openai.BadRequestError):  # another tenant's file cannot feed a batch
+        other.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert other.files.list().data == [] and other.batches.list().data == []
+
+    big = jsonl([request_line(f"r{i}", "x" * 200) for i in range(40)])
+    with pytest.raises(openai.APIStatusError) as caught:
+        owner.files.create(file=("big.jsonl", io.BytesIO(big)), purpose="batch")
+    assert caught.value.status_code == 413
+    assert "larger than the limit of 4096 bytes" in caught.value.message
+    with pytest.raises(openai.BadRequestError):
+        owner.files.create(file=("x.jsonl", io.BytesIO(b"{}\n")), purpose="fine-tune")
+    bad = httpx.post(gateway.url + "/v1/batches", headers={"Authorization": f"Bearer {DEMO_KEY}"},
+                     json={"input_file_id": file_id, "endpoint": "/v1/embeddings", "completion_window": "24h"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "endpoint"
+    assert httpx.get(gateway.url + "/v1/files").status_code == 401
+
+    wait_final(owner, batch_id)
+    deleted = owner.files.delete(file_id)
+    assert deleted.deleted
+    with pytest.raises(openai.NotFoundError):
+        owner.files.retrieve(file_id)
+
+
+def test_cancel_ends_with_partial_output_and_every_line_once(start_gateway: Callable[..., Proc],
+                                                             start_sim: Callable[..., Proc]) -> None:
+    slow = start_sim("--decode-base-ms", "40")  # ~1.3 s per 32-token line
+    policy = policy_dict([slow.url])
+    policy["batches"] = {"max_inflight_lines": 2}
+    gateway = start_gateway(policy)
+    client = client_for(gateway)
+    batch_id = submit(client, [request_line(f"c{i}", max_tokens=32) for i in range(30)])
+    assert wait_for(lambda: completed(client, batch_id) >= 2, 30)
+
+    cancelling = client.batches.cancel(batch_id)
+    assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
+    batch = wait_final(client, batch_id)
+    assert batch.status == "cancelled" and batch.cancelled_at
+    output, errors = read_lines(client, batch.output_file_id), read_lines(client, batch.error_file_id)
+    ids = [line["custom_id"] for line in output + errors]
+    assert sorted(ids) == sorted(f"c{i}" for i in range(30))  # each exactly once
+    assert 2 <= len(output) < 30
+    assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+    done = wait_final(client, submit(client, [request_line("quick")]))
+    assert done.status == "completed"
+    with pytest.raises(openai.ConflictError):
+        client.batches.cancel(done.id)
+
+
+def completed(client: openai.OpenAI, batch_id: str) -> int:
+    counts = client.batches.retrieve(batch_id).request_counts
+    return counts.completed if counts else 0
+
+
+def test_sigkill_mid_batch_resumes_with_every_custom_id_once(start_gateway: Callable[..., Proc],
+                                                             start_sim: Callable[..., Proc],
+                                                             tmp_path: Path) -> None:
+    slow = start_sim("--decode-base-ms", "20")
+    policy = policy_dict([slow.url])
+    policy["batches"] = {"max_inflight_lines": 4}
+    data_dir = tmp_path / "batch-data"
+    gateway = start_gateway(policy, data_dir=data_dir)
+    client = client_for(gateway)
+    batch_id = submit(client, [request_line(f"k{i}", f"line {i}", max_tokens=24) for i in range(40)])
+    assert wait_for(lambda: completed(client, batch_id) >= 8, 60)
+
+    os.kill(gateway.pid, signal.SIGKILL)
+    gateway.process.wait(10)
+    before = client_counts(data_dir, batch_id)
+    assert 8 <= before < 40
+
+    restarted = start_gateway(policy, data_dir=data_dir)
+    client = client_for(restarted)
+    batch = wait_final(client, batch_id, timeout=90)
+    assert batch.status == "completed"
+    output = read_lines(client, batch.output_file_id)
+    assert sorted(line["custom_id"] for line in output) == sorted(f"k{i}" for i in range(40))
+    assert batch.error_file_id is None
+    assert batch.request_counts is not None and batch.request_counts.completed == 40
+
+
+def client_counts(data_dir: Path, batch_id: str) -> int:
+    with sqlite3.connect(data_dir / "batches.sqlite3") as db:
+        return int(db.execute("SELECT count(*) FROM lines WHERE batch_id = ? AND done = 1", (batch_id,)).fetchone()[0])
+
+
+def test_lines_past_the_window_end_as_batch_expired(start_gateway: Callable[..., Proc],
+                                                    start_sim: Callable[..., Proc], tmp_path: Path) -> None:
+    """A batch whose 24 h window has passed (set back in the store) ends `expired`; the lines that did not run
+    are in the error file as batch_expired, the ones that did keep their answers."""
+    slow = start_sim("--decode-base-ms", "40")
+    policy = policy_dict([slow.url])
+    policy["batches"] = {"max_inflight_lines": 1}
+    data_dir = tmp_path / "expiry-data"
+    gateway = start_gateway(policy, data_dir=data_dir)
+    client = client_for(gateway)
+    batch_id = submit(client, [request_line(f"e{i}", max_tokens=32) for i in range(20)])
+    assert wait_for(lambda: completed(client, batch_id) >= 1, 30)
+    os.kill(gateway.pid, signal.SIGKILL)
+    gateway.process.wait(10)
+    with sqlite3.connect(data_dir / "batches.sqlite3") as db:
+        db.execute("UPDATE batches SET expires_at = ? WHERE id = ?", (int(time.time()) - 1, batch_id))
+
+    client = client_for(start_gateway(policy, data_dir=data_dir))
+    batch = wait_final(client, batch_id)
+    assert batch.status == "expired" and batch.expired_at
+    output, errors = read_lines(client, batch.output_file_id), read_lines(client, batch.error_file_id)
+    assert sorted(line["custom_id"] for line in output + errors) == sorted(f"e{i}" for i in range(20))
+    assert output and errors
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
