@@ -1,4 +1,5 @@
-"""One finish() per request: Prometheus and the JSON log line (written off the loop by gateway.logs)."""
+"""One finish() per request: Prometheus, the JSON log line (written off the loop by gateway.logs) and the ledger
+record (written off the loop by gateway.ledger.writer)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,17 @@ import time
 
 from gateway import logs
 from gateway.context import STAGES, RequestContext
+from gateway.ledger.records import draft
+from gateway.ledger.writer import LedgerWriter
 from gateway.metrics import GatewayMetrics
 
 
-def finish(ctx: RequestContext, metrics: GatewayMetrics) -> None:
+def finish(ctx: RequestContext, metrics: GatewayMetrics, ledger: LedgerWriter | None = None) -> None:
     t = ctx.timings
     t.total = time.perf_counter() - t.start
+    now = time.time()
+    if ledger is not None and (record := draft(ctx, now)) is not None:
+        ledger.append(record)
     tier, model = ctx.label, ctx.model or "none"  # the class the request ran in: batch lines count as batch
     queue_wait, connect, ttft, tpot, duration = metrics.stage_children(tier, model)
     for child, value in ((queue_wait, t.queue_wait), (connect, t.upstream_connect), (ttft, t.ttft),
@@ -31,11 +37,12 @@ def finish(ctx: RequestContext, metrics: GatewayMetrics) -> None:
             metrics.cache_tokens_saved.labels(tier, "prompt").inc(ctx.prompt_tokens or 0)
             metrics.cache_tokens_saved.labels(tier, "completion").inc(ctx.completion_tokens or 0)
     logs.emit({
-        "time": time.time(), "request_id": ctx.request_id, "tenant": ctx.tenant.name if ctx.tenant else None,
+        "time": now, "request_id": ctx.request_id, "tenant": ctx.tenant.name if ctx.tenant else None,
         "tier": ctx.tenant.tier if ctx.tenant else None, "class": tier, "batch": ctx.batch,
         "model": ctx.model, "endpoint": ctx.endpoint, "stream": ctx.stream, "worker": ctx.worker,
         "attempts": ctx.attempts, "status": ctx.status, "error": ctx.error,
         "prompt_tokens": ctx.prompt_tokens, "completion_tokens": ctx.completion_tokens,
+        "cached_tokens": ctx.cached_tokens, "usage_estimated": ctx.usage_estimated,
         "max_tokens": ctx.max_tokens_applied, "cache": ctx.cache, "policy": ctx.snapshot.digest,
         "stages_ms": {name: None if (v := getattr(t, name)) is None else round(v * 1000, 3) for name in STAGES},
     })

@@ -18,11 +18,12 @@ from starlette.routing import Route
 
 from gateway import accounting, admin, pipeline
 from gateway.asgi import AsgiSink, Receive, Scope, Send, read_body, request_headers, until_disconnect
-from gateway.auth import authenticate, token_matches
+from gateway.auth import authenticate, identify, token_matches
 from gateway.batches import api as batch_api
 from gateway.batches.runner import BatchRunner
 from gateway.batches.store import BatchStore
 from gateway.context import RequestContext
+from gateway.ledger import open_ledger
 from gateway.openai_api import ApiError
 from gateway.policy.loader import PolicyStore
 from gateway.responses import error_response, json_response
@@ -56,7 +57,7 @@ class Completions:
         try:
             try:
                 headers = request_headers(scope)
-                ctx.tenant = authenticate(headers.get(b"authorization"), snapshot)
+                ctx.tenant, ctx.key_id = identify(headers.get(b"authorization"), snapshot)
                 raw = await read_body(receive, headers, snapshot.policy.server.max_body_bytes)
             except ApiError as exc:
                 await pipeline.fail(ctx, sink, exc)
@@ -74,13 +75,13 @@ class Completions:
                                                     "internal_error"))
         finally:
             ctx.status = 499 if left else (sink.status or 499)
-            accounting.finish(ctx, gw.metrics)
+            accounting.finish(ctx, gw.metrics, gw.ledger)
 
 
 def create_app(store: PolicyStore, data_dir: Path | None = None) -> HotPaths:
-    """The gateway app. ``data_dir`` holds what must survive a restart (batch files and state); without one
-    the Batch API is not served."""
-    gw = Gateway(store)
+    """The gateway app. ``data_dir`` holds what must survive a restart (batch files and state, the SQLite ledger
+    and its spool); without one the Batch API is not served and requests are not recorded in a ledger."""
+    gw = Gateway(store, open_ledger(store.current.policy.ledger, data_dir) if data_dir is not None else None)
     runner = BatchRunner(gw, BatchStore(data_dir)) if data_dir is not None else None
 
     @contextlib.asynccontextmanager

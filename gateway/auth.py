@@ -29,14 +29,21 @@ def bearer(authorization: bytes | None) -> str | None:
     return token.strip()
 
 
-def authenticate(authorization: bytes | None, snapshot: PolicySnapshot) -> TenantView:
+def identify(authorization: bytes | None, snapshot: PolicySnapshot) -> tuple[TenantView, str]:
+    """The key's tenant and a short id of the key (the first 12 hex digits of its hash: enough to tell a
+    tenant's keys apart in the ledger, and not the key)."""
     key = bearer(authorization)
     if key is None:
         raise ApiError(401, "Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key")
-    tenant = snapshot.tenants_by_key.get(hash_key(key))
+    digest = hash_key(key)
+    tenant = snapshot.tenants_by_key.get(digest)
     if tenant is None:
         raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
-    return tenant
+    return tenant, "key-" + digest[:12]
+
+
+def authenticate(authorization: bytes | None, snapshot: PolicySnapshot) -> TenantView:
+    return identify(authorization, snapshot)[0]
 
 
 def token_matches(authorization: bytes | None, expected: str | None) -> bool:

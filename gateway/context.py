@@ -52,6 +52,7 @@ class RequestContext:
     endpoint: str  # chat | completions
     timings: Timings = field(default_factory=Timings)
     tenant: TenantView | None = None  # the edge (auth)
+    key_id: str | None = None  # the edge (auth): a short id of the key's hash, never the key
     model: str | None = None  # openai_api.prepare: only a model the policy routes
     stream: bool = False  # openai_api.prepare
     batch: str | None = None  # batches.runner: the batch this request is a line of
@@ -63,6 +64,8 @@ class RequestContext:
     attempts: int = 0  # upstream.dispatch
     prompt_tokens: int | None = None  # pipeline.run
     completion_tokens: int | None = None  # pipeline.run
+    cached_tokens: int | None = None  # pipeline.run: prompt tokens the worker's prefix cache served
+    usage_estimated: bool = False  # pipeline.run: the worker's final usage never came (a cut stream)
     error: str | None = None  # pipeline.fail
     status: int = 0  # the edge: the status the client got (499 if it left before any)
 

@@ -166,6 +166,7 @@ class Call:
     body: dict[str, Any]
     route: ModelRoute
     wants_usage: bool  # the client asked for the usage event in its stream
+    wants_continuous_usage: bool  # ... and for usage on every chunk (vLLM's continuous_usage_stats)
     engine_priority: bool  # the pool's workers run --scheduling-policy priority
     size: int  # bytes as received
 
@@ -193,13 +194,16 @@ async def prepare(ctx: RequestContext, raw: bytes) -> Call:
                        param="model")
     ctx.max_tokens_applied = apply_max_tokens(body, ctx.tenant)
     ctx.stream = bool(body.get("stream"))
-    wants_usage = False
+    wants_usage = wants_continuous = False
     if ctx.stream:
-        options = body.get("stream_options") or {}
+        options = body.get("stream_options")
+        options = options if isinstance(options, dict) else {}
         wants_usage = bool(options.get("include_usage"))
-        body["stream_options"] = {**options, "include_usage": True}  # accounting needs the usage
+        wants_continuous = wants_usage and bool(options.get("continuous_usage_stats"))
+        # the ledger needs the usage, and on every chunk, so that a stream cut anywhere is still counted exactly
+        body["stream_options"] = {**options, "include_usage": True, "continuous_usage_stats": True}
     pool = ctx.snapshot.policy.pools.get(route.pool)
-    return Call(body, route, wants_usage, pool is not None and pool.engine_priority, len(raw))
+    return Call(body, route, wants_usage, wants_continuous, pool is not None and pool.engine_priority, len(raw))
 
 
 ENGINE_PRIORITY = {"premium": 0, "standard": 1, "batch": 2}  # vLLM's priority: lower runs first

@@ -52,28 +52,41 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
                            "upstream_unavailable")
         payload = await openai_api.serialise(call, ctx.service_class)
         await gw.scheduler.admit(ctx, pool.name, pool.workers, pool.spec, call.cost, call.size)
+        relayed = Relayed()
         try:
-            relayed = await exchange(ctx, pool, payload, sink, call.wants_usage,
-                                     capture=decision is not None and decision.keep_answer)
-        finally:
+            await exchange(ctx, pool, payload, sink, relayed, (call.wants_usage, call.wants_continuous_usage),
+                           capture=decision is not None and decision.keep_answer)
+        finally:  # also when the client left or the worker failed: what was delivered is counted
             gw.scheduler.release(ctx, pool.name)
-        usage = relayed.usage or {}
-        ctx.prompt_tokens, ctx.completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            count_tokens(ctx, relayed)
         ctx.timings.tpot = relayed.tpot
         _remember(gw, ctx, decision, relayed)
     except ApiError as exc:
         await fail(ctx, sink, exc)
 
 
-async def exchange(ctx: RequestContext, pool: UpstreamPool, payload: bytes, sink: Sink, wants_usage: bool,
-                   capture: bool = False) -> Relayed:
-    """Dispatch to a worker and relay its answer to the sink."""
+async def exchange(ctx: RequestContext, pool: UpstreamPool, payload: bytes, sink: Sink, relayed: Relayed,
+                   usage: tuple[bool, bool], capture: bool = False) -> None:
+    """Dispatch to a worker and relay its answer to the sink; ``relayed`` learns what went by."""
     async with dispatch(ctx, pool, PATHS[ctx.endpoint], payload) as (worker, response):
         if ctx.stream and response.status == 200:
-            return await relay_stream(ctx, worker, response, sink, not wants_usage, pool.spec.cooldown_s,
-                                      capture)
-        return await relay_body(ctx, worker, response, sink, pool.spec.cooldown_s)
+            await relay_stream(ctx, worker, response, sink, relayed, usage, pool.spec.cooldown_s, capture)
+        else:
+            await relay_body(ctx, worker, response, sink, relayed, pool.spec.cooldown_s)
 
+
+def count_tokens(ctx: RequestContext, relayed: Relayed) -> None:
+    """The tokens a request used, from the worker's usage: its final one, or for a cut stream the latest per-chunk
+    usage. A stream that carried tokens but no usage at all (a worker without continuous usage, cut early) counts
+    its token events, flagged as an estimate."""
+    usage = relayed.usage
+    if usage is not None:
+        ctx.prompt_tokens, ctx.completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        details = usage.get("prompt_tokens_details")
+        ctx.cached_tokens = details.get("cached_tokens") if isinstance(details, dict) else None
+    elif relayed.events:
+        ctx.completion_tokens = relayed.events
+        ctx.usage_estimated = True
 
 async def serve_hit(ctx: RequestContext, found: Lookup, sink: Sink, wants_usage: bool) -> None:
     """Answer from the cache, in the shape a fresh answer would have."""

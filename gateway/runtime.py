@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from gateway.cache.service import SemanticCache
+from gateway.ledger.writer import LedgerWriter
 from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import PolicyError, PolicySnapshot, PolicyStore
 from gateway.policy.schema import CachePolicy
@@ -19,8 +20,9 @@ from gateway.upstream.pools import Upstreams
 class Gateway:
     """The policy store, upstream pools, scheduler, cache and metrics; started and stopped by ``lifespan``."""
 
-    def __init__(self, store: PolicyStore) -> None:
+    def __init__(self, store: PolicyStore, ledger: LedgerWriter | None = None) -> None:
         self.store = store
+        self.ledger = ledger  # None: no data directory (in-process tests); requests are not recorded
         self.metrics = GatewayMetrics()
         self.scheduler = Controller(self.metrics)
         self.upstreams = Upstreams(self.metrics, traces=[connect_trace()], on_metrics=self._on_metrics)
@@ -36,11 +38,15 @@ class Gateway:
         self.store.rejection_listeners.append(self._on_policy_rejected)
         self._spawn(self.store.watch())
         self._spawn(self._watch_loop_lag())
+        if self.ledger is not None:
+            self.ledger.start()
         try:
             yield
         finally:
             for task in list(self._tasks):
                 task.cancel()
+            if self.ledger is not None:
+                await asyncio.to_thread(self.ledger.stop)  # flushes what is pending
             if self.cache is not None:
                 await self.cache.close()
             await self.upstreams.close()

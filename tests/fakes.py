@@ -27,15 +27,23 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MODEL = "sim-llama-8b"
 
 
-def chunk(text: str, finish: str | None = None) -> bytes:
-    return b"data: " + orjson.dumps({"id": "c1", "object": "chat.completion.chunk", "model": MODEL, "choices": [
-        {"index": 0, "delta": {"content": text}, "finish_reason": finish}]}) + b"\n\n"
+def chunk(text: str, finish: str | None = None, usage: tuple[int, int] | None = None) -> bytes:
+    """One token's event; with ``usage`` (prompt, completion so far), as vLLM's continuous_usage_stats sends it."""
+    event: dict[str, Any] = {"id": "c1", "object": "chat.completion.chunk", "model": MODEL, "choices": [
+        {"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
+    if usage is not None:
+        event["usage"] = {"prompt_tokens": usage[0], "total_tokens": sum(usage), "completion_tokens": usage[1],
+                          "prompt_tokens_details": {"cached_tokens": 2}}
+    return b"data: " + orjson.dumps(event) + b"\n\n"
 
 
-def usage_event(prompt: int, completion: int) -> bytes:
+def usage_event(prompt: int, completion: int, cached: int | None = None) -> bytes:
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                             "total_tokens": prompt + completion}
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
     return b"data: " + orjson.dumps({"id": "c1", "object": "chat.completion.chunk", "model": MODEL, "choices": [],
-                                     "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                                               "total_tokens": prompt + completion}}) + b"\n\n"
+                                     "usage": usage}) + b"\n\n"
 
 
 def completion_json(text: str = "hi there", prompt: int = 7, completion: int = 2) -> dict[str, Any]:
@@ -44,11 +52,13 @@ def completion_json(text: str = "hi there", prompt: int = 7, completion: int = 2
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
 
 
-def stream_of(tokens: list[str], prompt: int = 7, *, gap_s: float = 0.0, break_after: int | None = None) -> Handler:
+def stream_of(tokens: list[str], prompt: int = 7, *, gap_s: float = 0.0, break_after: int | None = None,
+              continuous: bool = False) -> Handler:
     """A worker that streams ``tokens`` (one event per write), then usage and [DONE]; or drops the
-    connection after ``break_after`` tokens."""
+    connection after ``break_after`` tokens. ``continuous``: usage on every chunk when the request asks."""
     async def handle(request: web.Request) -> web.StreamResponse:
-        await request.read()
+        options = orjson.loads(await request.read()).get("stream_options") or {}
+        per_chunk = continuous and bool(options.get("continuous_usage_stats"))
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
         for i, token in enumerate(tokens):
@@ -56,10 +66,11 @@ def stream_of(tokens: list[str], prompt: int = 7, *, gap_s: float = 0.0, break_a
                 assert request.transport is not None
                 request.transport.abort()
                 return response
-            await response.write(chunk(token, "stop" if i == len(tokens) - 1 else None))
+            await response.write(chunk(token, "stop" if i == len(tokens) - 1 else None,
+                                       (prompt, i + 1) if per_chunk else None))
             if gap_s:
                 await asyncio.sleep(gap_s)
-        await response.write(usage_event(prompt, len(tokens)))
+        await response.write(usage_event(prompt, len(tokens), 2 if continuous else None))
         await response.write(b"data: [DONE]\n\n")
         return response
     return handle

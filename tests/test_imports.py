@@ -1,7 +1,8 @@
 """The import graph: every gateway module imports on its own, and no module imports one above it.
 
 "Above" is the request path read from the edge down: the entry points (cli) over the app and its edge
-(app, admin, the batch API, asgi), over the batch runner (a caller of the pipeline), over the pipeline, over the runtime, over the steps' modules (auth, openai_api, cache,
+(app, admin, the batch API, asgi), over the batch runner (a caller of the pipeline),
+over the pipeline, over the runtime, over the steps' modules (auth, openai_api, cache,
 scheduler, upstream, routing, accounting ...), over the shared leaves (context, sse, metrics, policy).
 """
 

@@ -54,10 +54,46 @@ def test_stream_is_forwarded_and_usage_stripped_unless_asked() -> None:
             got = events(sink)
             assert got[-1] == sse.DONE and len(got) == 4, "three tokens and [DONE]; the usage event is stripped"
             assert (ctx.prompt_tokens, ctx.completion_tokens) == (5, 3), "usage read even when stripped"
-            assert w.requests[-1]["stream_options"] == {"include_usage": True}, "the gateway always asks for usage"
+            assert w.requests[-1]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}, \
+                "the gateway always asks for usage, on every chunk"
             ctx, sink = await call(gw, chat(stream=True, stream_options={"include_usage": True}))
             assert orjson.loads(events(sink)[-2])["usage"]["completion_tokens"] == 3
             assert ctx.timings.tpot is not None and inflight(gw) == 0
+    asyncio.run(main())
+
+
+def test_continuous_usage_is_read_on_every_chunk_and_shown_only_if_asked() -> None:
+    """vLLM's per-chunk usage lets a cut stream be counted exactly; a client that did not ask never sees it."""
+    async def main() -> None:
+        async with FakeWorker(stream_of(["a", "b", "c", "d"], prompt=9, continuous=True)) as w, \
+                FakeWorker(stream_of(["a", "b", "c", "d"], prompt=9, continuous=True, break_after=2)) as cut, \
+                running_gateway([w.url]) as gw, running_gateway([cut.url]) as gw_cut:
+            ctx, sink = await call(gw, chat(stream=True))
+            assert b'"usage"' not in sink.body and len(events(sink)) == 5
+            assert (ctx.prompt_tokens, ctx.completion_tokens, ctx.cached_tokens) == (9, 4, 2)
+            assert not ctx.usage_estimated
+
+            ctx, sink = await call(gw, chat(stream=True, stream_options={"include_usage": True}))
+            got = [orjson.loads(e) for e in events(sink)[:-1]]
+            assert [("usage" in e) for e in got] == [False] * 4 + [True], "only the final usage event"
+
+            options = {"include_usage": True, "continuous_usage_stats": True}
+            ctx, sink = await call(gw, chat(stream=True, stream_options=options))
+            got = [orjson.loads(e) for e in events(sink)[:-1]]
+            assert [e["usage"]["completion_tokens"] for e in got] == [1, 2, 3, 4, 4], "asked for: kept"
+
+            ctx, sink = await call(gw_cut, chat(stream=True))
+            assert ctx.error is not None
+            assert (ctx.prompt_tokens, ctx.completion_tokens, ctx.usage_estimated) == (9, 2, False), \
+                "a stream cut after two tokens counts the prompt and two tokens, from the last chunk's usage"
+    asyncio.run(main())
+
+
+def test_a_cut_stream_without_usage_counts_its_token_events_as_an_estimate() -> None:
+    async def main() -> None:
+        async with FakeWorker(stream_of(["a", "b", "c", "d"], break_after=3)) as w, running_gateway([w.url]) as gw:
+            ctx, _ = await call(gw, chat(stream=True))
+            assert (ctx.prompt_tokens, ctx.completion_tokens, ctx.usage_estimated) == (None, 3, True)
     asyncio.run(main())
 
 

@@ -8,6 +8,7 @@ rules) slot in beside the ones here.
 from __future__ import annotations
 
 import re
+from datetime import date
 from typing import Annotated, Literal
 
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, field_validator
@@ -84,6 +85,8 @@ class Server(Strict):
     max_body_bytes: int = Field(1_048_576, ge=1024)
     admin_token_sha256: str | None = Field(None, description="sha256 of the admin token for /admin/*")
     metrics_token_sha256: str | None = Field(None, description="if set, /metrics needs this bearer token")
+    finance_token_sha256: str | None = Field(None, description="sha256 of a token that reads the cost reports "
+                                             "and ledger (/admin/reports/*, /admin/ledger) and nothing else")
     max_request_line_bytes: int = Field(8192, ge=256, description="longer request lines get 414")
     max_header_bytes: int = Field(32768, ge=1024, description="larger request heads get 431")
     max_headers: int = Field(100, ge=8, description="more header lines get 431")
@@ -94,7 +97,7 @@ class Server(Strict):
     tenant_max_concurrency: int = Field(512, ge=1, description="requests in flight per tenant; more get 429")
     shutdown_grace_s: float = Field(30.0, ge=0, description="on SIGTERM, how long answers in flight may take")
 
-    @field_validator("admin_token_sha256", "metrics_token_sha256")
+    @field_validator("admin_token_sha256", "metrics_token_sha256", "finance_token_sha256")
     @classmethod
     def _hashed(cls, value: str | None) -> str | None:
         if value is not None and not _KEY_HASH.match(value):
@@ -174,6 +177,47 @@ class BatchPolicy(Strict):
                                "a shed line (429/503) waits and retries without counting")
 
 
+class PriceVersion(Strict):
+    """A model's prices from ``effective`` (a UTC date) on, in USD per million tokens. A record keeps the version
+    it was priced at, so a new version never rewrites past costs."""
+
+    effective: date
+    input_per_m: float = Field(ge=0)
+    output_per_m: float = Field(ge=0)
+    cached_input_per_m: float | None = Field(None, ge=0, description="prompt tokens vLLM served from its "
+                                             "prefix cache; defaults to the input price")
+
+
+class Prices(Strict):
+    models: dict[Name, list[PriceVersion]] = Field(default_factory=dict, description="versions per model, any order")
+    class_multipliers: dict[Tier, float] = Field(
+        default_factory=lambda: {"premium": 1.0, "standard": 1.0, "batch": 1.0},
+        description="by the class a request ran in: premium may pay for its priority")
+    batch_api_discount: float = Field(0.5, ge=0, le=1, description="share off for Batch API lines (OpenAI: 50%)")
+    cache_hit_factor: float = Field(0.0, ge=0, le=1, description="a cache hit costs this share of the fresh "
+                                    "price of the tokens it saved")
+
+    @field_validator("models")
+    @classmethod
+    def _distinct_dates(cls, models: dict[str, list[PriceVersion]]) -> dict[str, list[PriceVersion]]:
+        for name, versions in models.items():
+            dates = [v.effective for v in versions]
+            if len(set(dates)) != len(dates):
+                raise ValueError(f"{name}: two price versions share an effective date")
+            if not versions:
+                raise ValueError(f"{name}: give at least one price version")
+        return models
+
+
+class LedgerPolicy(Strict):
+    """Where every request's record goes. SQLite in the data directory by default; PostgreSQL when replicas
+    share it (read at start)."""
+
+    store: Literal["sqlite", "postgres"] = "sqlite"
+    postgres_dsn: str = "postgresql://postgres@127.0.0.1:5432/tollgate"
+    flush_interval_ms: float = Field(100, gt=0, le=1000, description="records reach the store within this")
+
+
 class Policy(Strict):
     version: Literal[1] = 1
     allow_empty: bool = Field(False, description="accept a policy with no tenants or no models (serves nothing)")
@@ -186,6 +230,8 @@ class Policy(Strict):
     cache: CachePolicy = CachePolicy()
     scheduling: SchedulingPolicy = SchedulingPolicy()
     batches: BatchPolicy = BatchPolicy()
+    prices: Prices = Prices()
+    ledger: LedgerPolicy = LedgerPolicy()
 
 
 def cross_reference_errors(policy: Policy) -> list[tuple[str, str]]:
@@ -210,6 +256,9 @@ def cross_reference_errors(policy: Policy) -> list[tuple[str, str]]:
     for name, route in policy.models.items():
         if route.pool not in policy.pools:
             errors.append((f"models.{name}.pool", f"pool '{route.pool}' is not defined under pools"))
+    for name in policy.prices.models:
+        if name not in policy.models:
+            errors.append((f"prices.models.{name}", f"model '{name}' is not defined under models"))
     for tier, rules in policy.tiers.items():
         if rules.max_tokens_default > rules.max_tokens_cap:
             errors.append((f"tiers.{tier}.max_tokens_default", "must not exceed max_tokens_cap"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -32,9 +33,13 @@ _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache
 
 @dataclass(slots=True)
 class Relayed:
-    """What the relay learnt: the worker's usage, when tokens arrived, and (if asked) the answer's bytes."""
+    """What the relay learnt, kept by the caller so that a cut answer still says what it delivered: the worker's
+    usage (the latest one, on every chunk when continuous usage is on), how many token events were relayed, when
+    tokens arrived, whether the final usage event came, and (if asked) the answer's bytes."""
 
     usage: dict[str, Any] | None = None
+    final_usage: bool = False
+    events: int = 0
     first_at: float | None = None
     last_at: float | None = None
     captured: bytes | None = None
@@ -47,42 +52,61 @@ class Relayed:
         return (self.last_at - self.first_at) / (n - 1)
 
 
+# A chunk's usage object (one level of nesting: prompt_tokens_details), with the comma that joins it to the rest.
+_USAGE_VALUE = rb'(\{(?:[^{}]|\{[^{}]*\})*\}|null)'
+_USAGE = re.compile(rb',"usage":' + _USAGE_VALUE + rb'|"usage":' + _USAGE_VALUE + rb',?')
+
+
 class _UsageTap:
-    """Finds the usage event among complete events; optionally drops it (the client did not ask for it)."""
+    """Reads the usage off the events going by and shapes it as the client asked.
 
-    __slots__ = ("strip", "usage")
+    The gateway always asks the worker for usage on every chunk (continuous usage), so a stream cut at any point
+    still tells how many tokens it carried. A client that did not ask for that gets chunks without it, and the
+    final usage-only event only if it asked for ``include_usage``. Only events that mention usage are touched,
+    with one regex, not a JSON parse of every chunk."""
 
-    def __init__(self, strip: bool) -> None:
-        self.strip = strip
-        self.usage: dict[str, Any] | None = None
+    __slots__ = ("keep_continuous", "keep_final", "relayed")
+
+    def __init__(self, relayed: Relayed, keep_final: bool, keep_continuous: bool) -> None:
+        self.relayed = relayed
+        self.keep_final = keep_final
+        self.keep_continuous = keep_continuous
 
     def __call__(self, events: bytes) -> bytes:
-        if b'"usage":{' not in events and b'"usage": {' not in events:
+        relayed = self.relayed
+        if b'"usage"' not in events:
+            relayed.events += events.count(b'"choices":[{')
             return events
         kept = []
         for event in sse.split_events(events):
-            data = sse.payload(event)
-            if data is not None and b'"usage"' in data:
+            matches = _USAGE.findall(event)
+            if not matches:
+                kept.append(event + b"\n\n")
+                continue
+            value = matches[-1][0] or matches[-1][1]
+            if value != b"null":
                 try:
-                    obj = orjson.loads(data)
+                    relayed.usage = orjson.loads(value)
                 except orjson.JSONDecodeError:
-                    obj = None
-                if isinstance(obj, dict) and isinstance(obj.get("usage"), dict):
-                    self.usage = obj["usage"]
-                    if self.strip and not obj.get("choices"):
-                        continue
-            kept.append(event + b"\n\n")
+                    pass
+            if b'"choices":[]' in event:  # the final usage-only event
+                relayed.final_usage = True
+                if self.keep_final:
+                    kept.append(event + b"\n\n")
+                continue
+            relayed.events += 1
+            kept.append((event if self.keep_continuous else _USAGE.sub(b"", event)) + b"\n\n")
         return b"".join(kept)
 
 
 async def relay_stream(ctx: RequestContext, worker: Worker, response: aiohttp.ClientResponse, sink: Sink,
-                       strip_usage: bool, cooldown_s: float, capture: bool = False) -> Relayed:
+                       relayed: Relayed, usage: tuple[bool, bool], cooldown_s: float, capture: bool = False) -> None:
     """Forward an SSE answer. The response head waits for the first upstream byte (it carries Server-Timing).
 
-    A worker that fails mid-stream ends the stream with an SSE error event and [DONE], then UpstreamError."""
-    splitter, tap = sse.EventSplitter(), _UsageTap(strip_usage)
+    ``usage`` is what the client asked for: (the final usage event, usage on every chunk). A worker that fails
+    mid-stream ends the stream with an SSE error event and [DONE], then UpstreamError."""
+    splitter, tap = sse.EventSplitter(), _UsageTap(relayed, *usage)
     content = response.content
-    relayed = Relayed()
     captured: list[bytes] | None = [] if capture else None
     with worker_errors(worker, "head", cooldown_s):
         chunk = await content.readany()
@@ -114,10 +138,8 @@ async def relay_stream(ctx: RequestContext, worker: Worker, response: aiohttp.Cl
     await sink.send(tail, more=False)
     if failure is not None:
         raise failure
-    relayed.usage = tap.usage
     if captured is not None:
         relayed.captured = b"".join(captured)
-    return relayed
 
 
 def _worker_complaint(body: bytes) -> str:
@@ -132,7 +154,7 @@ def _worker_complaint(body: bytes) -> str:
 
 
 async def relay_body(ctx: RequestContext, worker: Worker, response: aiohttp.ClientResponse, sink: Sink,
-                     cooldown_s: float) -> Relayed:
+                     relayed: Relayed, cooldown_s: float) -> None:
     """Forward a whole answer. A worker's 4xx (a complaint about the request) becomes the gateway's own error
     with the worker's message; a 5xx becomes the gateway's own 502, naming nothing internal."""
     with worker_errors(worker, "head", cooldown_s):
@@ -146,7 +168,6 @@ async def relay_body(ctx: RequestContext, worker: Worker, response: aiohttp.Clie
         raise UpstreamError("head", f"HTTP {status}")
     if status >= 400:
         raise ApiError(status, _worker_complaint(body), "invalid_request_error", f"upstream_{status}")
-    relayed = Relayed()
     if status == 200:
         try:
             parsed = await asyncio.to_thread(orjson.loads, body) if len(body) > LARGE_BODY else orjson.loads(body)
@@ -154,6 +175,7 @@ async def relay_body(ctx: RequestContext, worker: Worker, response: aiohttp.Clie
             log.warning("worker %s sent a non-JSON 200 body", worker.url)
             raise UpstreamError("head", "non-JSON 200 body") from None
         relayed.usage = parsed.get("usage") if isinstance(parsed, dict) else None
+        relayed.final_usage = relayed.usage is not None
         relayed.captured = body
     await sink.start(status, [
         *ctx.response_headers(),
@@ -162,4 +184,3 @@ async def relay_body(ctx: RequestContext, worker: Worker, response: aiohttp.Clie
         (b"server-timing", ctx.timings.server_timing()),
     ])
     await sink.send(body)
-    return relayed

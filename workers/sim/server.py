@@ -155,8 +155,9 @@ class SimServer:
             return error_response(str(exc), exc.status, exc.param)
         self.engine.submit(seq)
         stream_options = body.get("stream_options") or {}
-        return Generation(self, seq, chat=chat, stream=bool(body.get("stream")),
-                          include_usage=bool(isinstance(stream_options, dict) and stream_options.get("include_usage")))
+        include_usage = bool(isinstance(stream_options, dict) and stream_options.get("include_usage"))
+        return Generation(self, seq, chat=chat, stream=bool(body.get("stream")), include_usage=include_usage,
+                          continuous_usage=include_usage and bool(stream_options.get("continuous_usage_stats")))
 
     def _sequence(self, body: dict[str, Any], chat: bool) -> Sequence:
         model = body.get("model")
@@ -220,12 +221,14 @@ class SimServer:
 class Generation:
     """The ASGI response for one sequence: streams chunks or answers once, and aborts on disconnect."""
 
-    def __init__(self, server: SimServer, seq: Sequence, chat: bool, stream: bool, include_usage: bool) -> None:
+    def __init__(self, server: SimServer, seq: Sequence, chat: bool, stream: bool, include_usage: bool,
+                 continuous_usage: bool = False) -> None:
         self.server = server
         self.seq = seq
         self.chat = chat
         self.stream = stream
         self.include_usage = include_usage
+        self.continuous_usage = continuous_usage  # vLLM's continuous_usage_stats: usage on every chunk
         prefix = "chatcmpl-" if chat else "cmpl-"
         self.id = prefix + seq.request_id
         self.created = int(time.time())
@@ -276,7 +279,7 @@ class Generation:
                              "created": self.created, "model": self.server.model})[:-1]
         # Like vLLM, the chat role chunk goes out with the first token, not before it.
         opening = (b"data: " + head + b',"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
-                   b'"logprobs":null,"finish_reason":null}]}\n\n') if self.chat else b""
+                   b'"logprobs":null,"finish_reason":null}]' + self._chunk_usage(0) + b"}\n\n") if self.chat else b""
         sent = 0
         while True:
             seq.wake.clear()
@@ -289,8 +292,8 @@ class Generation:
             if faults.drop_after is not None and sent >= faults.drop_after:
                 raise ConnectionAbortedError("injected: connection dropped mid-stream")
             done = seq.finish_reason is not None
-            parts = [self._chunk(head, piece, seq.finish_reason if done and i == len(new) - 1 else None)
-                     for i, piece in enumerate(new)]
+            parts = [self._chunk(head, piece, seq.finish_reason if done and i == len(new) - 1 else None,
+                                 sent - len(new) + i + 1) for i, piece in enumerate(new)]
             if done and self.include_usage:
                 parts.append(b"data: " + head + b',"choices":[],"usage":' + orjson.dumps(self._usage()) + b"}\n\n")
             if done:
@@ -304,14 +307,23 @@ class Generation:
             if faults.hang_after is not None and sent >= faults.hang_after:
                 await asyncio.Event().wait()  # until the client leaves
 
-    def _chunk(self, head: bytes, piece: str, finish: str | None) -> bytes:
+    def _chunk(self, head: bytes, piece: str, finish: str | None, completion: int) -> bytes:
         reason = b"null" if finish is None else b'"' + finish.encode() + b'"'
         text = orjson.dumps(piece)
+        usage = self._chunk_usage(completion)
         if self.chat:
             return (b"data: " + head + b',"choices":[{"index":0,"delta":{"content":' + text
-                    + b'},"logprobs":null,"finish_reason":' + reason + b"}]}\n\n")
+                    + b'},"logprobs":null,"finish_reason":' + reason + b"}]" + usage + b"}\n\n")
         return (b"data: " + head + b',"choices":[{"index":0,"text":' + text
-                + b',"logprobs":null,"finish_reason":' + reason + b',"stop_reason":null}]}\n\n')
+                + b',"logprobs":null,"finish_reason":' + reason + b',"stop_reason":null}]' + usage + b"}\n\n")
+
+    def _chunk_usage(self, completion: int) -> bytes:
+        """With continuous usage, every chunk carries the prompt tokens and the completion tokens so far."""
+        if not self.continuous_usage:
+            return b""
+        prompt = self.seq.prompt_tokens
+        return b',"usage":' + orjson.dumps({"prompt_tokens": prompt, "total_tokens": prompt + completion,
+                                            "completion_tokens": completion})
 
     def _usage(self) -> dict[str, int]:
         seq = self.seq

@@ -1,0 +1,212 @@
+"""The ledger's tables: SQLite in the data directory (the embedded default) or PostgreSQL (shared by replicas).
+
+Both hold the same columns and answer the same two queries (records in time order, and sums grouped by
+tenant/model/day/tier/key), written once in SQL both understand. Times are ISO 8601 UTC text
+("2026-11-30T06:37:43.123456Z"), so they sort as text and a day is their first ten characters. Inserts are
+idempotent on ``id`` (a replayed spool never doubles a record). Every method blocks: callers run them on a
+thread (the ledger's writer, or ``asyncio.to_thread`` for reports).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+# column -> (SQLite type, PostgreSQL type)
+COLUMNS: dict[str, tuple[str, str]] = {
+    "id": ("TEXT PRIMARY KEY", "text PRIMARY KEY"),
+    "request_id": ("TEXT NOT NULL", "text NOT NULL"),
+    "time": ("TEXT NOT NULL", "text NOT NULL"),
+    "tenant": ("TEXT NOT NULL", "text NOT NULL"),
+    "key_id": ("TEXT", "text"),
+    "tier": ("TEXT NOT NULL", "text NOT NULL"),
+    "service_class": ("TEXT NOT NULL", "text NOT NULL"),
+    "model": ("TEXT", "text"),
+    "endpoint": ("TEXT NOT NULL", "text NOT NULL"),
+    "stream": ("INTEGER NOT NULL", "boolean NOT NULL"),
+    "status": ("INTEGER NOT NULL", "integer NOT NULL"),
+    "error": ("TEXT", "text"),
+    "prompt_tokens": ("INTEGER NOT NULL", "bigint NOT NULL"),
+    "completion_tokens": ("INTEGER NOT NULL", "bigint NOT NULL"),
+    "cached_tokens": ("INTEGER NOT NULL", "bigint NOT NULL"),
+    "cache": ("TEXT", "text"),
+    "estimated": ("INTEGER NOT NULL", "boolean NOT NULL"),
+    "batch": ("TEXT", "text"),
+    "cost_usd": ("REAL NOT NULL", "double precision NOT NULL"),
+    "price_version": ("TEXT", "text"),
+    "queue_wait_ms": ("REAL", "double precision"),
+    "ttft_ms": ("REAL", "double precision"),
+    "total_ms": ("REAL", "double precision"),
+    "worker": ("TEXT", "text"),
+}
+BOOLEAN = ("stream", "estimated")
+GROUPS = {"tenant": "tenant", "model": "model", "tier": "tier", "class": "service_class", "key": "key_id",
+          "day": "substr(time, 1, 10)"}
+SUMS = ("count(*) AS requests, sum(prompt_tokens) AS prompt_tokens, sum(completion_tokens) AS completion_tokens, "
+        "sum(cached_tokens) AS cached_tokens, sum(cost_usd) AS cost_usd, "
+        "sum(CASE WHEN cache LIKE 'hit%' THEN 1 ELSE 0 END) AS cache_hits, "
+        "sum(CASE WHEN cache LIKE 'hit%' THEN prompt_tokens + completion_tokens ELSE 0 END) AS cache_saved_tokens, "
+        "sum(CASE WHEN status >= 400 THEN 1 ELSE 0 END) AS errors")
+
+
+class LedgerStore(Protocol):
+    def insert(self, records: Sequence[dict[str, Any]]) -> None: ...
+
+    def records(self, start: str, end: str, tenant: str | None, after: tuple[str, str] | None,
+                limit: int) -> list[dict[str, Any]]: ...
+
+    def totals(self, start: str, end: str, group_by: Sequence[str], tenant: str | None) -> list[dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+class _Sql:
+    """The SQL both stores share; ``mark`` is the driver's placeholder."""
+
+    mark = "?"
+
+    def _run(self, sql: str, args: Sequence[Any]) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def _where(self, start: str, end: str, tenant: str | None) -> tuple[str, list[Any]]:
+        m = self.mark
+        sql, args = f"time >= {m} AND time < {m}", [start, end]
+        if tenant is not None:
+            sql += f" AND tenant = {m}"
+            args.append(tenant)
+        return sql, args
+
+    def records(self, start: str, end: str, tenant: str | None, after: tuple[str, str] | None,
+                limit: int) -> list[dict[str, Any]]:
+        where, args = self._where(start, end, tenant)
+        if after is not None:
+            where += f" AND (time > {self.mark} OR (time = {self.mark} AND id > {self.mark}))"
+            args += [after[0], after[0], after[1]]
+        rows = self._run(f"SELECT {', '.join(COLUMNS)} FROM ledger WHERE {where} ORDER BY time, id "
+                         f"LIMIT {int(limit)}", args)
+        for row in rows:
+            for name in BOOLEAN:
+                row[name] = bool(row[name])
+        return rows
+
+    def totals(self, start: str, end: str, group_by: Sequence[str], tenant: str | None) -> list[dict[str, Any]]:
+        where, args = self._where(start, end, tenant)
+        keys = [f"{GROUPS[g]} AS {'key_id' if g == 'key' else g}" for g in group_by]
+        order = ", ".join(str(i + 1) for i in range(len(group_by)))
+        sql = f"SELECT {', '.join([*keys, SUMS])} FROM ledger WHERE {where}"
+        if group_by:
+            sql += f" GROUP BY {order} ORDER BY {order}"
+        rows = self._run(sql, args)
+        return [row for row in rows if row["requests"]]
+
+
+class SqliteLedger(_Sql):
+    """``<data_dir>/ledger.sqlite3`` in WAL mode: the writer commits, report readers run beside it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._local = threading.local()
+        columns = ", ".join(f"{name} {types[0]}" for name, types in COLUMNS.items())
+        with self._db() as db:
+            db.execute(f"CREATE TABLE IF NOT EXISTS ledger ({columns})")
+            db.execute("CREATE INDEX IF NOT EXISTS ledger_time ON ledger (time, id)")
+            db.execute("CREATE INDEX IF NOT EXISTS ledger_tenant_time ON ledger (tenant, time)")
+
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, timeout=30)
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            self._local.db = db
+        return db
+
+    def insert(self, records: Sequence[dict[str, Any]]) -> None:
+        marks = ", ".join("?" * len(COLUMNS))
+        with self._db() as db:  # one transaction
+            db.executemany(f"INSERT OR IGNORE INTO ledger ({', '.join(COLUMNS)}) VALUES ({marks})",
+                           [tuple(r.get(c) for c in COLUMNS) for r in records])
+
+    def _run(self, sql: str, args: Sequence[Any]) -> list[dict[str, Any]]:
+        return [dict(row) for row in self._db().execute(sql, args)]
+
+    def close(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
+
+
+class PostgresLedger(_Sql):
+    """A ``ledger`` table in PostgreSQL, one connection per thread (psycopg 3, autocommit off per batch)."""
+
+    mark = "%s"
+
+    def __init__(self, dsn: str) -> None:
+        import psycopg
+
+        self._psycopg = psycopg
+        self.dsn = dsn
+        self._local = threading.local()
+
+    def _db(self) -> Any:
+        """This thread's connection; the first one made creates the table (so a gateway starts while the
+        database is down, and spools until it is back)."""
+        db = getattr(self._local, "db", None)
+        if db is None or db.closed:
+            from psycopg.rows import dict_row
+
+            db = self._psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row, connect_timeout=5)
+            columns = ", ".join(f"{name} {types[1]}" for name, types in COLUMNS.items())
+            with db.transaction():
+                db.execute("SELECT pg_advisory_xact_lock(7453)")  # replicas starting together
+                db.execute(f"CREATE TABLE IF NOT EXISTS ledger ({columns})")
+                db.execute("CREATE INDEX IF NOT EXISTS ledger_time ON ledger (time, id)")
+                db.execute("CREATE INDEX IF NOT EXISTS ledger_tenant_time ON ledger (tenant, time)")
+            self._local.db = db
+        return db
+
+    def insert(self, records: Sequence[dict[str, Any]]) -> None:
+        marks = ", ".join(["%s"] * len(COLUMNS))
+        db = self._db()
+        try:
+            with db.transaction(), db.cursor() as cursor:
+                cursor.executemany(f"INSERT INTO ledger ({', '.join(COLUMNS)}) VALUES ({marks}) "
+                                   "ON CONFLICT (id) DO NOTHING",
+                                   [tuple(_pg(c, r.get(c)) for c in COLUMNS) for r in records])
+        except self._psycopg.OperationalError:
+            db.close()  # reconnect on the next call
+            raise
+
+    def _run(self, sql: str, args: Sequence[Any]) -> list[dict[str, Any]]:
+        db = self._db()
+        try:
+            return list(db.execute(sql, args).fetchall())
+        except self._psycopg.OperationalError:
+            db.close()
+            raise
+
+    def close(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+
+
+def _pg(column: str, value: Any) -> Any:
+    return bool(value) if column in BOOLEAN else value
+
+
+def iter_all(store: LedgerStore, start: str, end: str, tenant: str | None, page: int = 2000
+             ) -> Iterator[list[dict[str, Any]]]:
+    """Every record in the range, page by page (keyset on time and id: nothing skipped, nothing twice)."""
+    after: tuple[str, str] | None = None
+    while True:
+        rows = store.records(start, end, tenant, after, page)
+        if not rows:
+            return
+        yield rows
+        after = (rows[-1]["time"], rows[-1]["id"])
