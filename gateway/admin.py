@@ -11,7 +11,7 @@ from gateway.auth import is_admin
 from gateway.cache.store import StoreUnavailable
 from gateway.openai_api import ApiError
 from gateway.policy.loader import PolicyError
-from gateway.responses import error_response, json_response
+from gateway.responses import api_error_response, error_response, json_response
 from gateway.runtime import Gateway
 
 
@@ -25,7 +25,7 @@ def routes(gw: Gateway) -> list[Route]:
         try:
             authorization = request_headers(request.scope).get(b"authorization")
         except ApiError as exc:
-            return error_response(exc.status, exc.message, exc.code or "invalid_request")
+            return api_error_response(exc)
         if not is_admin(authorization, snapshot):
             return error_response(401, "A valid admin token is required.", "invalid_admin_token")
         return None

@@ -1,4 +1,4 @@
-"""`tollgate`: up | serve | sim | policy check | keys new | worker render | loadtest."""
+"""`tollgate`: up | serve | sim | policy check | keys new | costs | worker render | loadtest."""
 
 from __future__ import annotations
 
@@ -167,6 +167,38 @@ def cmd_policy_check(args: argparse.Namespace) -> None:
           f"digest {snapshot.digest})")
 
 
+def cmd_costs(args: argparse.Namespace) -> None:
+    """Spend by the chosen groups, from a running gateway's report API (finance or admin token)."""
+    token = args.token or os.environ.get("TOLLGATE_FINANCE_TOKEN") or os.environ.get("TOLLGATE_ADMIN_TOKEN")
+    if not token:
+        sys.exit("tollgate costs: give --token or set TOLLGATE_FINANCE_TOKEN")
+    params = {"group_by": args.group_by, "format": "csv" if args.csv else "json"}
+    params |= {k: v for k, v in (("from", args.start), ("to", args.end), ("tenant", args.tenant)) if v}
+    try:
+        response = httpx.get(args.url.rstrip("/") + "/admin/reports/costs", params=params,
+                             headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    except httpx.HTTPError as exc:
+        sys.exit(f"tollgate costs: {args.url} did not answer: {exc}")
+    if response.status_code != 200:
+        sys.exit(f"tollgate costs: HTTP {response.status_code}: {response.text[:500]}")
+    if args.csv:
+        sys.stdout.write(response.text)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    report = response.json()
+    keys = ["key_id" if g == "key" else g for g in report["group_by"]]
+    table = Table(title=f"Costs {report['from'][:10]} .. {report['to'][:10]}")
+    columns = [*keys, "requests", "prompt_tokens", "completion_tokens", "cache_hits", "cost_usd",
+               "cost_per_1k_requests_usd"]
+    for name in columns:
+        table.add_column(name, justify="left" if name in keys else "right")
+    for row in [*report["data"], {**report["total"], **dict.fromkeys(keys[:1], "TOTAL")}]:
+        table.add_row(*(f"{row.get(c, ''):.6f}" if c.endswith("usd") else str(row.get(c, "")) for c in columns))
+    Console().print(table)
+
+
 def cmd_keys_new(args: argparse.Namespace) -> None:
     from gateway.auth import hash_key, new_key
 
@@ -236,6 +268,16 @@ def build_parser() -> argparse.ArgumentParser:
     check = policy.add_parser("check", help="validate a policy file; print every error with its path")
     check.add_argument("file")
     check.set_defaults(func=cmd_policy_check)
+
+    costs = sub.add_parser("costs", help="spend by tenant/model/day/tier/key from a running gateway")
+    costs.add_argument("--url", default="http://127.0.0.1:8080")
+    costs.add_argument("--token", help="finance or admin token (or env TOLLGATE_FINANCE_TOKEN)")
+    costs.add_argument("--from", dest="start", help="ISO date or time (UTC)")
+    costs.add_argument("--to", dest="end", help="ISO date (inclusive) or time")
+    costs.add_argument("--tenant")
+    costs.add_argument("--group-by", default="tenant,model", help="from tenant,model,day,tier,class,key")
+    costs.add_argument("--csv", action="store_true", help="CSV instead of a table")
+    costs.set_defaults(func=cmd_costs)
 
     keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="keys_command", required=True)
     new = keys.add_parser("new", help="make a key; print it once and the hash line for the policy")

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: list[set[str]] = [
     {"gateway.__main__", "gateway.cli"},
     {"gateway.app"},
-    {"gateway.admin", "gateway.batches.api"},
+    {"gateway.admin", "gateway.reports", "gateway.batches.api"},
     {"gateway.asgi", "gateway.responses"},
     {"gateway.batches.runner"},
     {"gateway.pipeline"},

@@ -25,7 +25,7 @@ from gateway.batches.runner import BatchRunner
 from gateway.batches.store import FileRecord, new_id
 from gateway.openai_api import ApiError, parse_json
 from gateway.policy.loader import TenantView
-from gateway.responses import json_response
+from gateway.responses import api_error_response, json_response
 
 MULTIPART_OVERHEAD = 64 * 1024  # form boundaries and the other fields, beyond the file itself
 Handler = Callable[[Request, TenantView], Awaitable[Response]]
@@ -42,8 +42,7 @@ def routes(runner: BatchRunner) -> list[Route]:
                 tenant = authenticate(request_headers(request.scope).get(b"authorization"), policy.current)
                 return await handler(request, tenant)
             except ApiError as exc:
-                return Response(exc.body(), exc.status, dict((k.decode(), v.decode()) for k, v in exc.headers),
-                                media_type="application/json")
+                return api_error_response(exc)
         return route
 
     async def upload(request: Request, tenant: TenantView) -> Response:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,8 +48,9 @@ GROUPS = {"tenant": "tenant", "model": "model", "tier": "tier", "class": "servic
           "day": "substr(time, 1, 10)"}
 SUMS = ("count(*) AS requests, sum(prompt_tokens) AS prompt_tokens, sum(completion_tokens) AS completion_tokens, "
         "sum(cached_tokens) AS cached_tokens, sum(cost_usd) AS cost_usd, "
-        "sum(CASE WHEN cache LIKE 'hit%' THEN 1 ELSE 0 END) AS cache_hits, "
-        "sum(CASE WHEN cache LIKE 'hit%' THEN prompt_tokens + completion_tokens ELSE 0 END) AS cache_saved_tokens, "
+        "sum(CASE WHEN substr(cache, 1, 3) = 'hit' THEN 1 ELSE 0 END) AS cache_hits, "
+        "sum(CASE WHEN substr(cache, 1, 3) = 'hit' THEN prompt_tokens + completion_tokens ELSE 0 END) "
+        "AS cache_saved_tokens, "
         "sum(CASE WHEN status >= 400 THEN 1 ELSE 0 END) AS errors")
 
 
@@ -100,7 +102,9 @@ class _Sql:
         if group_by:
             sql += f" GROUP BY {order} ORDER BY {order}"
         rows = self._run(sql, args)
-        return [row for row in rows if row["requests"]]
+        # PostgreSQL sums integers as numeric (Decimal): back to plain numbers
+        return [{k: int(v) if isinstance(v, Decimal) else v for k, v in row.items()} for row in rows
+                if row["requests"]]
 
 
 class SqliteLedger(_Sql):

@@ -1,0 +1,209 @@
+"""Cost reports for finance: /admin/reports/costs, /admin/ledger (every record, streamed) and /v1/usage.
+
+The report routes take the finance token (server.finance_token_sha256: reads reports and nothing else) or the
+admin token; a tenant's key gets 403 there, and reads its own totals at /v1/usage. Queries run on threads
+(the store's calls block). ``from`` and ``to`` take ISO dates or times (UTC when no offset is given); a date
+as ``to`` includes that whole day. CSV has ISO times and plain numbers, so it loads in pandas as typed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import logging
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway.asgi import request_headers
+from gateway.auth import identify, is_admin, token_matches
+from gateway.ledger.stores import COLUMNS, GROUPS, LedgerStore, iter_all
+from gateway.openai_api import ApiError
+from gateway.responses import api_error_response, error_response, json_response
+from gateway.runtime import Gateway
+
+log = logging.getLogger("tollgate.reports")
+TOTALS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd", "cache_hits",
+          "cache_saved_tokens", "errors")
+
+
+def routes(gw: Gateway) -> list[Route]:
+    def reader(request: Request) -> Response | None:
+        """None if the caller holds the finance or admin token; else the error to answer."""
+        snapshot = gw.store.current
+        try:
+            authorization = request_headers(request.scope).get(b"authorization")
+        except ApiError as exc:
+            return api_error_response(exc)
+        if token_matches(authorization, snapshot.policy.server.finance_token_sha256) or \
+                is_admin(authorization, snapshot):
+            return None
+        try:
+            identify(authorization, snapshot)
+        except ApiError:
+            return error_response(401, "A finance or admin token is required.", "invalid_finance_token")
+        return error_response(403, "Cost reports need a finance or admin token; a tenant reads /v1/usage.",
+                              "forbidden")
+
+    def store() -> LedgerStore:
+        if gw.ledger is None:
+            raise ApiError(409, "The ledger is not enabled: start the gateway with a data directory.",
+                           code="ledger_disabled")
+        return gw.ledger.store
+
+    async def costs(request: Request) -> Response:
+        if (denied := reader(request)) is not None:
+            return denied
+        try:
+            start, end = time_range(request)
+            group_by = parse_groups(request.query_params.get("group_by", "tenant"))
+            fmt = parse_format(request)
+            rows = await query(store().totals, start, end, group_by, request.query_params.get("tenant"))
+        except ApiError as exc:
+            return api_error_response(exc)
+        rows = [with_rates(row) for row in rows]
+        if fmt == "csv":
+            keys = ["key_id" if g == "key" else g for g in group_by]
+            return csv_response([*keys, *TOTALS, "cost_per_1k_requests_usd", "tokens_per_request"], rows,
+                                "costs.csv")
+        return json_response({"object": "cost_report", "from": start, "to": end, "group_by": group_by,
+                              "data": rows, "total": with_rates(sum_rows(rows))})
+
+    async def ledger(request: Request) -> Response:
+        if (denied := reader(request)) is not None:
+            return denied
+        try:
+            start, end = time_range(request)
+            fmt = parse_format(request)
+            source = store()
+        except ApiError as exc:
+            return api_error_response(exc)
+        pages = _pages(source, start, end, request.query_params.get("tenant"))
+        if fmt == "csv":
+            return StreamingResponse(_csv_stream(list(COLUMNS), pages), media_type="text/csv; charset=utf-8",
+                                     headers={"content-disposition": 'attachment; filename="ledger.csv"'})
+        return StreamingResponse(_json_stream(pages), media_type="application/json")
+
+    async def usage(request: Request) -> Response:
+        """A tenant's own totals, by model and day, with its key."""
+        try:
+            tenant, _ = identify(request_headers(request.scope).get(b"authorization"), gw.store.current)
+            start, end = time_range(request)
+            rows = await query(store().totals, start, end, ["day", "model"], tenant.name)
+        except ApiError as exc:
+            return api_error_response(exc)
+        return json_response({"object": "usage", "tenant": tenant.name, "from": start, "to": end,
+                              "total": with_rates(sum_rows(rows)), "data": [with_rates(r) for r in rows]})
+
+    return [
+        Route("/admin/reports/costs", costs, methods=["GET"]),
+        Route("/admin/ledger", ledger, methods=["GET"]),
+        Route("/v1/usage", usage, methods=["GET"]),
+    ]
+
+
+async def query(fn: Callable[..., list[dict[str, Any]]], *args: Any) -> list[dict[str, Any]]:
+    """A store query on a thread; a store that fails is the gateway's 503, not a 500."""
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except Exception as exc:
+        log.warning("ledger query failed: %s", exc)
+        raise ApiError(503, "The ledger store is unreachable; retry shortly.", "server_error",
+                       "ledger_unavailable") from None
+
+
+def iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str, end: bool) -> str:
+    try:
+        if len(text) == 10:
+            day = date.fromisoformat(text)
+            return iso(datetime(day.year, day.month, day.day, tzinfo=UTC) + (timedelta(days=1) if end else
+                                                                             timedelta(0)))
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ApiError(400, f"'{text[:40]}' is not an ISO date or time.", param="to" if end else "from",
+                       code="invalid_time") from None
+    return iso(moment if moment.tzinfo else moment.replace(tzinfo=UTC))
+
+
+def time_range(request: Request) -> tuple[str, str]:
+    q = request.query_params
+    start = parse_time(q["from"], False) if q.get("from") else "0000"
+    end = parse_time(q["to"], True) if q.get("to") else "9999"
+    return start, end
+
+
+def parse_groups(text: str) -> list[str]:
+    groups = [g.strip() for g in text.split(",") if g.strip()]
+    unknown = [g for g in groups if g not in GROUPS]
+    if unknown or len(set(groups)) != len(groups):
+        raise ApiError(400, f"group_by takes distinct names from: {', '.join(GROUPS)}.", param="group_by",
+                       code="invalid_group_by")
+    return groups
+
+
+def parse_format(request: Request) -> str:
+    fmt = request.query_params.get("format", "json")
+    if fmt not in ("json", "csv"):
+        raise ApiError(400, "format must be json or csv.", param="format", code="invalid_format")
+    return fmt
+
+
+def sum_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {k: sum(r[k] or 0 for r in rows) for k in TOTALS}
+
+
+def with_rates(row: dict[str, Any]) -> dict[str, Any]:
+    requests = row["requests"] or 0
+    row["cost_usd"] = round(row["cost_usd"] or 0.0, 9)
+    row["cost_per_1k_requests_usd"] = round(row["cost_usd"] * 1000 / requests, 9) if requests else 0.0
+    row["tokens_per_request"] = round(((row["prompt_tokens"] or 0) + (row["completion_tokens"] or 0)) / requests,
+                                      2) if requests else 0.0
+    return row
+
+
+def csv_response(columns: list[str], rows: list[dict[str, Any]], filename: str) -> Response:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return Response(out.getvalue(), media_type="text/csv; charset=utf-8",
+                    headers={"content-disposition": f'attachment; filename="{filename}"'})
+
+
+async def _pages(store: LedgerStore, start: str, end: str, tenant: str | None) -> AsyncIterator[list[dict[str, Any]]]:
+    pages = iter_all(store, start, end, tenant)
+    while (page := await asyncio.to_thread(next, pages, None)) is not None:
+        yield page
+
+
+async def _csv_stream(columns: list[str], pages: AsyncIterator[list[dict[str, Any]]]) -> AsyncIterator[bytes]:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, columns, lineterminator="\n")
+    writer.writeheader()
+    yield out.getvalue().encode()
+    async for page in pages:
+        out.seek(0)
+        out.truncate()
+        writer.writerows({k: ("true" if v is True else "false" if v is False else v) for k, v in row.items()}
+                         for row in page)
+        yield out.getvalue().encode()
+
+
+async def _json_stream(pages: AsyncIterator[list[dict[str, Any]]]) -> AsyncIterator[bytes]:
+    yield b'{"object":"list","data":['
+    first = True
+    async for page in pages:
+        body = b",".join(orjson.dumps(row) for row in page)
+        yield body if first else b"," + body
+        first = False
+    yield b"]}"
