@@ -7,15 +7,23 @@ import time
 
 from gateway import logs
 from gateway.context import STAGES, RequestContext
-from gateway.ledger.records import draft
+from gateway.ledger.records import draft, price
 from gateway.ledger.writer import LedgerWriter
 from gateway.metrics import GatewayMetrics
+from gateway.spend.service import Spend
 
 
-def finish(ctx: RequestContext, metrics: GatewayMetrics, ledger: LedgerWriter | None = None) -> None:
+def finish(ctx: RequestContext, metrics: GatewayMetrics, ledger: LedgerWriter | None = None,
+           spend: Spend | None = None) -> None:
     t = ctx.timings
     t.total = time.perf_counter() - t.start
     now = time.time()
+    if ctx.tenant is not None:
+        ctx.cost_usd, ctx.price_version = price(ctx, now)
+        if ctx.cost_usd:
+            metrics.cost.labels(ctx.tenant.name, ctx.model or "none").inc(ctx.cost_usd)
+        if spend is not None:
+            spend.settle(ctx, ctx.cost_usd)
     if ledger is not None and (record := draft(ctx, now)) is not None:
         ledger.append(record)
     tier, model = ctx.label, ctx.model or "none"  # the class the request ran in: batch lines count as batch
@@ -43,6 +51,7 @@ def finish(ctx: RequestContext, metrics: GatewayMetrics, ledger: LedgerWriter | 
         "attempts": ctx.attempts, "status": ctx.status, "error": ctx.error,
         "prompt_tokens": ctx.prompt_tokens, "completion_tokens": ctx.completion_tokens,
         "cached_tokens": ctx.cached_tokens, "usage_estimated": ctx.usage_estimated,
-        "max_tokens": ctx.max_tokens_applied, "cache": ctx.cache, "policy": ctx.snapshot.digest,
+        "max_tokens": ctx.max_tokens_applied, "cache": ctx.cache, "cost_usd": ctx.cost_usd,
+        "policy": ctx.snapshot.digest,
         "stages_ms": {name: None if (v := getattr(t, name)) is None else round(v * 1000, 3) for name in STAGES},
     })

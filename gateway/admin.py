@@ -1,4 +1,5 @@
-"""The admin API (/admin/*): policy apply and status, queues, cache purge. Every route needs the admin token."""
+"""The admin API (/admin/*): policy apply and status, queues, cache purge, anomalies. Every route needs the admin
+token (the cost reports, which a finance token also reads, are in gateway.reports)."""
 
 from __future__ import annotations
 
@@ -71,7 +72,17 @@ def routes(gw: Gateway) -> list[Route]:
             return denied
         return json_response({"mode": store.current.policy.scheduling.mode, "pools": gw.scheduler.snapshot()})
 
+    async def anomalies(request: Request) -> Response:
+        """Recent alerts (cost anomalies, spend rate, budget thresholds), newest first; ?tenant= &kind= filter."""
+        if (denied := guard(request)) is not None:
+            return denied
+        q = request.query_params
+        found = [a for a in reversed(gw.alerts.recent) if (not q.get("tenant") or a.get("tenant") == q["tenant"])
+                 and (not q.get("kind") or a["kind"] == q["kind"])]
+        return json_response({"object": "list", "data": found})
+
     return [
+        Route("/admin/anomalies", anomalies, methods=["GET"]),
         Route("/admin/queues", queues, methods=["GET"]),
         Route("/admin/policy", put_policy, methods=["PUT"]),
         Route("/admin/policy/status", policy_status, methods=["GET"]),

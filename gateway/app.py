@@ -75,13 +75,14 @@ class Completions:
                                                     "internal_error"))
         finally:
             ctx.status = 499 if left else (sink.status or 499)
-            accounting.finish(ctx, gw.metrics, gw.ledger)
+            accounting.finish(ctx, gw.metrics, gw.ledger, gw.spend)
 
 
 def create_app(store: PolicyStore, data_dir: Path | None = None) -> HotPaths:
     """The gateway app. ``data_dir`` holds what must survive a restart (batch files and state, the SQLite ledger
     and its spool); without one the Batch API is not served and requests are not recorded in a ledger."""
-    gw = Gateway(store, open_ledger(store.current.policy.ledger, data_dir) if data_dir is not None else None)
+    gw = Gateway(store, open_ledger(store.current.policy.ledger, data_dir) if data_dir is not None else None,
+                 data_dir)
     runner = BatchRunner(gw, BatchStore(data_dir)) if data_dir is not None else None
 
     @contextlib.asynccontextmanager

@@ -66,6 +66,9 @@ class RequestContext:
     completion_tokens: int | None = None  # pipeline.run
     cached_tokens: int | None = None  # pipeline.run: prompt tokens the worker's prefix cache served
     usage_estimated: bool = False  # pipeline.run: the worker's final usage never came (a cut stream)
+    reservation: object | None = None  # spend.service.Spend.admit: the budget reservation to settle
+    cost_usd: float = 0.0  # accounting.finish
+    price_version: str | None = None  # accounting.finish
     error: str | None = None  # pipeline.fail
     status: int = 0  # the edge: the status the client got (499 if it left before any)
 

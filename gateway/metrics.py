@@ -58,6 +58,12 @@ class GatewayMetrics:
         self.cache_entries = Gauge("tollgate_cache_entries", "Entries in this replica's semantic index.", registry=r)
         self.queue_depth = Gauge("tollgate_queue_depth", "Requests waiting in the gateway's queues.",
                                  ["pool", "class"], registry=r)
+        self.cost = Counter("tollgate_cost_usd", "Spend recorded, by tenant and model.", ["tenant", "model"],
+                            registry=r)
+        self.budget_remaining = Gauge("tollgate_budget_remaining_usd", "Budget left this period (after "
+                                      "reservations), per tenant with a budget.", ["tenant"], registry=r)
+        self.anomalies = Counter("tollgate_cost_anomalies", "Cost anomalies, by kind and the action taken.",
+                                 ["kind", "action"], registry=r)
         self.shed = Counter("tollgate_shed", "Requests answered 429 by the scheduler, by class and reason.",
                             ["class", "reason"], registry=r)
         self.loop_lag = Histogram("tollgate_event_loop_lag_seconds", "How late the event loop ran a 100 ms timer: "

@@ -171,10 +171,21 @@ class Call:
     size: int  # bytes as received
 
     @property
+    def prompt_estimate(self) -> int:
+        """Prompt tokens, over-estimated from the body's size (4 bytes a token; JSON adds more than it saves)."""
+        return self.size // 4
+
+    @property
+    def max_output(self) -> int:
+        return int(self.body.get("max_completion_tokens") or self.body.get("max_tokens") or 0)
+
+    def set_max_output(self, tokens: int) -> None:
+        self.body["max_completion_tokens" if "max_completion_tokens" in self.body else "max_tokens"] = tokens
+
+    @property
     def cost(self) -> int:
-        """Tokens this request may use at most: a prompt estimate (4 bytes a token) plus its max_tokens."""
-        limit = self.body.get("max_completion_tokens") or self.body.get("max_tokens") or 0
-        return self.size // 4 + int(limit)
+        """Tokens this request may use at most: the prompt estimate plus its max_tokens."""
+        return self.prompt_estimate + self.max_output
 
 
 _VALIDATORS = {"chat": validate_chat, "completions": validate_completion}

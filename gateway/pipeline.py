@@ -1,4 +1,4 @@
-"""The completions pipeline: prepare -> decide -> admit -> exchange, as plain async steps with no ASGI in them.
+"""The completions pipeline: prepare -> decide -> spend -> admit -> exchange, as plain async steps with no ASGI.
 
 The HTTP edge (gateway.app) authenticates, reads the body and calls ``run`` with a sink that speaks ASGI;
 a batch runner calls the same ``run`` with a sink that collects the answer. Each step reads the request
@@ -46,6 +46,7 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
             assert decision.lookup is not None
             await serve_hit(ctx, decision.lookup, sink, call.wants_usage)
             return
+        await gw.spend.admit(ctx, call)  # may clamp, downgrade or refuse; reserves against the budget
         pool = gw.upstreams.pools.get(call.route.pool)
         if pool is None:
             raise ApiError(503, f"No worker pool serves the model '{ctx.model}' right now.", "server_error",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Coroutine
+from pathlib import Path
 from typing import Any
 
 from gateway.cache.service import SemanticCache
@@ -13,6 +14,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import PolicyError, PolicySnapshot, PolicyStore
 from gateway.policy.schema import CachePolicy
 from gateway.scheduling.controller import Controller
+from gateway.spend.alerts import Alerts
+from gateway.spend.service import Spend
 from gateway.upstream.dispatch import connect_trace
 from gateway.upstream.pools import Upstreams
 
@@ -20,10 +23,12 @@ from gateway.upstream.pools import Upstreams
 class Gateway:
     """The policy store, upstream pools, scheduler, cache and metrics; started and stopped by ``lifespan``."""
 
-    def __init__(self, store: PolicyStore, ledger: LedgerWriter | None = None) -> None:
+    def __init__(self, store: PolicyStore, ledger: LedgerWriter | None = None, data_dir: Path | None = None) -> None:
         self.store = store
         self.ledger = ledger  # None: no data directory (in-process tests); requests are not recorded
         self.metrics = GatewayMetrics()
+        self.alerts = Alerts(self.metrics, data_dir / "alerts.jsonl" if data_dir is not None else None)
+        self.spend = Spend(self.metrics, self.alerts, ledger.store if ledger is not None else None)
         self.scheduler = Controller(self.metrics)
         self.upstreams = Upstreams(self.metrics, traces=[connect_trace()], on_metrics=self._on_metrics)
         self.cache: SemanticCache | None = None
@@ -34,10 +39,12 @@ class Gateway:
     async def lifespan(self, app: object = None) -> AsyncIterator[None]:
         await self.upstreams.reconcile(self.store.current.policy.pools)
         await self._reconcile_cache(self.store.current.policy.cache)
+        self.spend.reconcile(self.store.current.policy.spend)
         self.store.listeners.append(self._on_policy)
         self.store.rejection_listeners.append(self._on_policy_rejected)
         self._spawn(self.store.watch())
         self._spawn(self._watch_loop_lag())
+        self._spawn(self.alerts.run())
         if self.ledger is not None:
             self.ledger.start()
         try:
@@ -45,6 +52,7 @@ class Gateway:
         finally:
             for task in list(self._tasks):
                 task.cancel()
+            await self.spend.close()
             if self.ledger is not None:
                 await asyncio.to_thread(self.ledger.stop)  # flushes what is pending
             if self.cache is not None:
@@ -78,6 +86,7 @@ class Gateway:
         self.metrics.policy_ok.set(1)
         self._spawn(self.upstreams.reconcile(snapshot.policy.pools))
         self._spawn(self._reconcile_cache(snapshot.policy.cache))
+        self.spend.reconcile(snapshot.policy.spend)
 
     def _on_policy_rejected(self, error: PolicyError) -> None:
         self.metrics.policy_reloads.labels("error").inc()

@@ -79,6 +79,24 @@ def start_gateway(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
         proc.kill()
 
 
+PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+PG_TEST_DB = "tollgate_test"
+
+
+@pytest.fixture
+def pg_dsn() -> Iterator[str]:
+    """A fresh ledger table in the test database (created when absent)."""
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as db:
+        if db.execute("SELECT 1 FROM pg_database WHERE datname = %s", (PG_TEST_DB,)).fetchone() is None:
+            db.execute(f"CREATE DATABASE {PG_TEST_DB}")
+    dsn = f"postgresql://postgres@127.0.0.1:5432/{PG_TEST_DB}"
+    with psycopg.connect(dsn, autocommit=True) as db:
+        db.execute("DROP TABLE IF EXISTS ledger")
+    yield dsn
+
+
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One real vLLM CPU server for the session (about 30-60 s to start)."""

@@ -9,7 +9,7 @@ import signal
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,6 @@ from gateway.policy.schema import Prices
 from tests.conftest import ADMIN_TOKEN, DEMO_KEY, FINANCE_TOKEN, PREMIUM_KEY, Proc, policy_dict, wait_for
 
 MODEL = "sim-llama-8b"
-PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
-PG_TEST_DB = "tollgate_test"
 
 
 def ledger_rows(gateway: Proc, token: str = FINANCE_TOKEN, **params: str) -> list[dict[str, Any]]:
@@ -135,20 +133,6 @@ def test_records_survive_a_sigkill(start_gateway: Callable[..., Proc], sim: Proc
     with sqlite3.connect(data_dir / "ledger.sqlite3") as db:
         ids = {row[0] for row in db.execute("SELECT request_id FROM ledger")}
     assert ids == {f"k-{i}" for i in range(25)}
-
-
-@pytest.fixture
-def pg_dsn() -> Iterator[str]:
-    """A fresh ledger table in the test database (created when absent)."""
-    import psycopg
-
-    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as db:
-        if db.execute("SELECT 1 FROM pg_database WHERE datname = %s", (PG_TEST_DB,)).fetchone() is None:
-            db.execute(f"CREATE DATABASE {PG_TEST_DB}")
-    dsn = f"postgresql://postgres@127.0.0.1:5432/{PG_TEST_DB}"
-    with psycopg.connect(dsn, autocommit=True) as db:
-        db.execute("DROP TABLE IF EXISTS ledger")
-    yield dsn
 
 
 def test_postgres_store_and_the_spool_while_it_is_down(start_gateway: Callable[..., Proc], sim: Proc,

@@ -187,7 +187,7 @@ class BatchRunner:
             await pipeline.run(gw, ctx, body, sink, b"", "batch")
         finally:
             ctx.status = sink.status or 499
-            accounting.finish(ctx, gw.metrics, gw.ledger)
+            accounting.finish(ctx, gw.metrics, gw.ledger, gw.spend)
         status = sink.status or 500
         if status in SHED:
             return _retry_after(sink), 0

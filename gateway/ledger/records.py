@@ -1,5 +1,5 @@
-"""One ledger record per request: drafted at finish on the event loop (plain values, no formatting),
-completed on the writer's thread (UTC time, price version, cost)."""
+"""One ledger record per request: priced and drafted at finish on the event loop (plain values), its time
+formatted on the writer's thread."""
 
 from __future__ import annotations
 
@@ -21,7 +21,18 @@ _counter = itertools.count()
 class Draft:
     fields: dict[str, Any]
     finished_at: float  # time.time()
-    prices: Prices
+
+
+def price(ctx: RequestContext, when: float) -> tuple[float, str | None]:
+    """(cost in USD, price version id) of a finished request, at the version in force on its UTC day."""
+    prices: Prices = ctx.snapshot.policy.prices
+    version = pricing.version_on(prices, ctx.model, datetime.fromtimestamp(when, UTC).date())
+    if version is None or ctx.model is None:
+        return 0.0, None
+    usage = pricing.Usage(ctx.prompt_tokens or 0, ctx.completion_tokens or 0, ctx.cached_tokens or 0)
+    hit = bool(ctx.cache and ctx.cache.startswith("hit"))
+    return (pricing.cost(prices, version, usage, ctx.service_class, ctx.batch is not None, hit),
+            pricing.version_id(ctx.model, version))
 
 
 def draft(ctx: RequestContext, finished_at: float) -> Draft | None:
@@ -36,25 +47,15 @@ def draft(ctx: RequestContext, finished_at: float) -> Draft | None:
         "endpoint": ctx.endpoint, "stream": ctx.stream, "status": ctx.status, "error": ctx.error,
         "prompt_tokens": ctx.prompt_tokens or 0, "completion_tokens": ctx.completion_tokens or 0,
         "cached_tokens": ctx.cached_tokens or 0, "cache": ctx.cache, "estimated": ctx.usage_estimated,
-        "batch": ctx.batch, "queue_wait_ms": _ms(t.queue_wait), "ttft_ms": _ms(t.ttft), "total_ms": _ms(t.total),
-        "worker": ctx.worker,
-    }, finished_at, ctx.snapshot.policy.prices)
+        "batch": ctx.batch, "cost_usd": ctx.cost_usd, "price_version": ctx.price_version,
+        "queue_wait_ms": _ms(t.queue_wait), "ttft_ms": _ms(t.ttft), "total_ms": _ms(t.total), "worker": ctx.worker,
+    }, finished_at)
 
 
 def complete(d: Draft) -> dict[str, Any]:
-    record = d.fields
-    when = datetime.fromtimestamp(d.finished_at, UTC)
-    record["time"] = when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    version = pricing.version_on(d.prices, record["model"], when.date())
-    if version is None or not (record["prompt_tokens"] or record["completion_tokens"]):
-        record["cost_usd"], record["price_version"] = 0.0, None if version is None else pricing.version_id(
-            record["model"], version)
-        return record
-    usage = pricing.Usage(record["prompt_tokens"], record["completion_tokens"], record["cached_tokens"])
-    record["cost_usd"] = pricing.cost(d.prices, version, usage, record["service_class"], record["batch"] is not None,
-                                      bool(record["cache"] and record["cache"].startswith("hit")))
-    record["price_version"] = pricing.version_id(record["model"], version)
-    return record
+    """On the writer's thread: the record's UTC time, formatted."""
+    d.fields["time"] = datetime.fromtimestamp(d.finished_at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return d.fields
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -26,7 +26,7 @@ import orjson
 import yaml
 from pydantic import ValidationError
 
-from gateway.policy.schema import Policy, Tier, cross_reference_errors
+from gateway.policy.schema import AnomalyRule, Budget, Policy, Tier, cross_reference_errors
 
 log = logging.getLogger("tollgate.policy")
 
@@ -51,6 +51,8 @@ class TenantView:
     on_exceed: str
     cache: bool = True  # False: opted out of the response cache
     weight: float = 1.0  # share of its class's capacity under contention
+    budget: Budget | None = None
+    anomaly: AnomalyRule = field(default_factory=AnomalyRule)  # the tenant's own rule, else its tier's
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -77,6 +79,7 @@ class PolicySnapshot:
                 max_tokens_default=tier.max_tokens_default,
                 max_tokens_cap=tenant.max_tokens_cap or tier.max_tokens_cap,
                 on_exceed=tier.on_exceed, cache=tenant.cache, weight=tenant.weight,
+                budget=tenant.budget, anomaly=tenant.anomaly or tier.anomaly,
             )
             tenants[name] = view
             for key in tenant.keys:

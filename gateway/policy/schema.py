@@ -31,11 +31,30 @@ class SLO(Strict):
     error_rate: float = Field(0.005, ge=0, le=1)
 
 
+class AnomalyRule(Strict):
+    """A request whose worst-case cost (prompt + max_tokens at the price) is over ``k`` times the tenant's
+    baseline (the mean worst-case cost of its recent requests) is an anomaly; ``action`` says what happens."""
+
+    k: float = Field(10.0, gt=1)
+    action: Literal["alert", "clamp", "reject", "downgrade"] = Field(
+        "alert", description="alert: log, metric, webhook; clamp: lower max_tokens to fit; reject: 400; "
+        "downgrade: run it in the batch class")
+    default_baseline_usd: float = Field(0.0005, gt=0, description="the baseline of a tenant with too few requests")
+    min_samples: int = Field(20, ge=1, description="requests before the tenant's own baseline is used")
+
+
 class TierPolicy(Strict):
     max_tokens_default: int = Field(512, ge=1)
     max_tokens_cap: int = Field(4096, ge=1)
     on_exceed: Literal["clamp", "reject"] = "clamp"
     slo: SLO = SLO()
+    anomaly: AnomalyRule = AnomalyRule()
+
+
+class Budget(Strict):
+    period: Literal["day", "month"] = "month"  # UTC calendar
+    limit_usd: float = Field(gt=0)
+    alert_at: float = Field(0.8, gt=0, le=1, description="share of the limit that raises the soft alert")
 
 
 class Tenant(Strict):
@@ -45,6 +64,8 @@ class Tenant(Strict):
     max_tokens_cap: int | None = Field(None, ge=1, description="overrides the tier's cap for this tenant")
     cache: bool = Field(True, description="false opts the tenant out of the response cache")
     weight: float = Field(1.0, gt=0, description="share of its class's capacity under contention (in tokens)")
+    budget: Budget | None = Field(None, description="a hard limit on spend per period (429 insufficient_quota)")
+    anomaly: AnomalyRule | None = Field(None, description="overrides the tier's cost-anomaly rule")
 
     @field_validator("keys")
     @classmethod
@@ -218,6 +239,14 @@ class LedgerPolicy(Strict):
     flush_interval_ms: float = Field(100, gt=0, le=1000, description="records reach the store within this")
 
 
+class SpendPolicy(Strict):
+    """Where budgets are counted and where alerts go."""
+
+    redis_url: str | None = Field(None, description="budgets shared by every replica (atomic in Redis); "
+                                  "unset: counted in this process (one replica)")
+    webhook_url: AnyHttpUrl | None = Field(None, description="budget alerts and cost anomalies are POSTed here")
+
+
 class Policy(Strict):
     version: Literal[1] = 1
     allow_empty: bool = Field(False, description="accept a policy with no tenants or no models (serves nothing)")
@@ -232,6 +261,7 @@ class Policy(Strict):
     batches: BatchPolicy = BatchPolicy()
     prices: Prices = Prices()
     ledger: LedgerPolicy = LedgerPolicy()
+    spend: SpendPolicy = SpendPolicy()
 
 
 def cross_reference_errors(policy: Policy) -> list[tuple[str, str]]:

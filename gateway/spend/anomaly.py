@@ -1,0 +1,67 @@
+"""What counts as a cost anomaly for a tenant.
+
+Per request: its worst-case cost (prompt estimate + max_tokens, priced) against the tenant's baseline, the mean
+worst-case cost of its recent requests. Like is compared with like: the actual cost is only known at the end,
+and a tenant that routinely asks for long answers has a high baseline of its own. Until a tenant has
+``min_samples`` requests the rule's default baseline stands in. Anomalous requests do not move the baseline,
+so a burst of them keeps being caught.
+
+Spend rate: the current UTC hour's spend over ``k`` times the tenant's mean hourly spend of the previous hours
+(at least three of them with spend), alerted once per hour.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.policy.schema import AnomalyRule
+
+ALPHA = 0.05  # EWMA weight: about the last 20-40 requests
+HOURS = 24
+
+
+@dataclass(slots=True)
+class _Mean:
+    value: float = 0.0
+    samples: int = 0
+
+
+@dataclass(slots=True)
+class _Hours:
+    spend: dict[int, float] = field(default_factory=dict)  # hour number -> USD
+    alerted: int = -1
+
+
+class Baselines:
+    def __init__(self) -> None:
+        self._means: dict[str, _Mean] = {}
+        self._hours: dict[str, _Hours] = {}
+
+    def baseline(self, tenant: str, rule: AnomalyRule) -> float:
+        mean = self._means.get(tenant)
+        if mean is None or mean.samples < rule.min_samples:
+            return rule.default_baseline_usd
+        return mean.value
+
+    def observe(self, tenant: str, worst_usd: float) -> None:
+        mean = self._means.setdefault(tenant, _Mean())
+        mean.samples += 1
+        # a plain mean while warming up, then an exponentially weighted one
+        weight = max(ALPHA, 1.0 / mean.samples)
+        mean.value += weight * (worst_usd - mean.value)
+
+    def spend_rate_anomaly(self, tenant: str, cost_usd: float, now: float, k: float) -> tuple[float, float] | None:
+        """Add spend; (this hour's spend, usual hourly spend) the first time this hour goes over k x usual."""
+        hours = self._hours.setdefault(tenant, _Hours())
+        hour = int(now // 3600)
+        hours.spend[hour] = hours.spend.get(hour, 0.0) + cost_usd
+        for old in [h for h in hours.spend if h < hour - HOURS]:
+            del hours.spend[old]
+        previous = [v for h, v in hours.spend.items() if h < hour and v > 0]
+        if len(previous) < 3 or hours.alerted == hour:
+            return None
+        usual = sum(previous) / (HOURS if len(previous) >= HOURS else len(previous))
+        if hours.spend[hour] > k * usual:
+            hours.alerted = hour
+            return hours.spend[hour], usual
+        return None

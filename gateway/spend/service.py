@@ -1,0 +1,203 @@
+"""Spend: the cost-anomaly rule and the budget check at admission, and the settlement at finish.
+
+``admit`` runs after the cache (a hit costs nothing to reserve) and before the scheduler (a downgrade changes
+the class). It prices the request's worst case (prompt estimate + max_tokens), applies the tenant's anomaly
+rule, then reserves the worst case against the tenant's budget: refused with 429 ``insufficient_quota`` when
+spent + reserved + this would pass the limit, so concurrent requests cannot overshoot it together, on one
+replica or many (the reservation is one atomic step in Redis). ``settle`` (from accounting, once per request)
+swaps the reservation for the actual cost. Redis failing does not stop traffic: the budget is not enforced
+while it is down (logged and counted), and the ledger, the truth, reseeds the counter when it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from gateway.context import RequestContext
+from gateway.ledger import prices as pricing
+from gateway.ledger.stores import LedgerStore
+from gateway.metrics import GatewayMetrics
+from gateway.openai_api import ApiError, Call
+from gateway.policy.loader import TenantView
+from gateway.policy.schema import Budget, SpendPolicy
+from gateway.spend.alerts import Alerts
+from gateway.spend.anomaly import Baselines
+from gateway.spend.counters import NANO, Counters, MemoryCounters, RedisCounters
+
+log = logging.getLogger("tollgate.spend")
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    key: str
+    amount: int  # nano-USD
+    budget: Budget
+
+
+def period_key(tenant: str, budget: Budget, now: float) -> str:
+    day = datetime.fromtimestamp(now, UTC)
+    return f"{tenant}:{day:%Y-%m-%d}" if budget.period == "day" else f"{tenant}:{day:%Y-%m}"
+
+
+def period_start(budget: Budget, now: float) -> str:
+    day = datetime.fromtimestamp(now, UTC)
+    start = day.replace(hour=0, minute=0, second=0, microsecond=0)
+    if budget.period == "month":
+        start = start.replace(day=1)
+    return start.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Spend:
+    def __init__(self, metrics: GatewayMetrics, alerts: Alerts, ledger: LedgerStore | None) -> None:
+        self.metrics = metrics
+        self.alerts = alerts
+        self.ledger = ledger
+        self.baselines = Baselines()
+        self.counters: Counters = MemoryCounters()
+        self._redis_url: str | None = None
+        self._alerted: set[str] = set()  # period keys whose soft alert went out (this replica)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def reconcile(self, spec: SpendPolicy) -> None:
+        """Follow the policy's choice of counters (a change starts from the ledger's figures again)."""
+        if spec.redis_url != self._redis_url:
+            self._redis_url = spec.redis_url
+            self.counters = RedisCounters(spec.redis_url) if spec.redis_url else MemoryCounters()
+
+    async def admit(self, ctx: RequestContext, call: Call) -> None:
+        tenant = ctx.tenant
+        assert tenant is not None and ctx.model is not None
+        prices = ctx.snapshot.policy.prices
+        now = time.time()
+        version = pricing.version_on(prices, ctx.model, datetime.fromtimestamp(now, UTC).date())
+        if version is None:
+            return  # an unpriced model: nothing to budget or compare
+
+        def worst() -> float:
+            usage = pricing.Usage(call.prompt_estimate, call.max_output)
+            return pricing.cost(prices, version, usage, ctx.service_class, ctx.batch is not None, False)
+
+        worst_usd = worst()
+        rule = tenant.anomaly
+        baseline = self.baselines.baseline(tenant.name, rule)
+        if worst_usd > rule.k * baseline:
+            self._anomaly(ctx, call, worst_usd, baseline, version)
+            worst_usd = worst()
+        else:
+            self.baselines.observe(tenant.name, worst_usd)
+        if tenant.budget is not None:
+            await self._reserve(ctx, tenant, tenant.budget, worst_usd, now)
+
+    def _anomaly(self, ctx: RequestContext, call: Call, worst_usd: float, baseline: float,
+                 version: Any) -> None:
+        tenant = ctx.tenant
+        assert tenant is not None
+        rule = tenant.anomaly
+        details = {"tenant": tenant.name, "request_id": ctx.request_id, "model": ctx.model,
+                   "worst_case_usd": round(worst_usd, 9), "baseline_usd": round(baseline, 9), "k": rule.k}
+        webhook = str(ctx.snapshot.policy.spend.webhook_url) if ctx.snapshot.policy.spend.webhook_url else None
+        if rule.action == "reject":
+            self.alerts.raise_alert("request_cost", "reject", webhook, **details)
+            raise ApiError(400, f"This request could cost up to ${worst_usd:.6f}, over {rule.k:g}x this tenant's "
+                           f"usual ${baseline:.6f}; lower max_tokens or the prompt size.", code="cost_anomaly",
+                           param="max_tokens")
+        if rule.action == "clamp":
+            fitted = _fit_max_tokens(ctx, call, rule.k * baseline, version)
+            if fitted is not None:
+                call.set_max_output(fitted)
+                ctx.max_tokens_applied = f"clamped-anomaly; value={fitted}"
+                details["max_tokens"] = fitted
+        elif rule.action == "downgrade":
+            ctx.service_class = "batch"
+        self.alerts.raise_alert("request_cost", rule.action, webhook, **details)
+
+    async def _reserve(self, ctx: RequestContext, tenant: TenantView, budget: Budget, worst_usd: float,
+                       now: float) -> None:
+        key = period_key(tenant.name, budget, now)
+        amount, limit = math.ceil(worst_usd * NANO), int(budget.limit_usd * NANO)
+        try:
+            result = await self.counters.reserve(key, amount, limit, None)
+            if result is None:
+                result = await self.counters.reserve(key, amount, limit, await self._seed(tenant.name, budget, now))
+        except Exception as exc:  # the shared counter is down: let traffic through, say so
+            log.error("budget counter unavailable (%s): %s is not enforced", exc, tenant.name)
+            self.metrics.errors.labels(ctx.label, ctx.model or "none", "budget_store_down").inc()
+            return
+        assert result is not None
+        granted, spent, reserved = result
+        self.metrics.budget_remaining.labels(tenant.name).set((limit - spent - reserved) / NANO)
+        if not granted:
+            raise ApiError(429, f"Tenant '{tenant.name}' has used its {budget.period}ly budget of "
+                           f"${budget.limit_usd:g} (spent ${spent / NANO:.6f}, ${reserved / NANO:.6f} reserved by "
+                           "requests in flight); this request could cost up to "
+                           f"${worst_usd:.6f}.", "insufficient_quota", "insufficient_quota")
+        ctx.reservation = Reservation(key, amount, budget)
+
+    async def _seed(self, tenant: str, budget: Budget, now: float) -> int:
+        """The period's spend so far, from the ledger (the truth when the counter is new or was lost)."""
+        if self.ledger is None:
+            return 0
+        rows = await asyncio.to_thread(self.ledger.totals, period_start(budget, now), "9999", [], tenant)
+        return math.ceil((rows[0]["cost_usd"] if rows else 0.0) * NANO)
+
+    def settle(self, ctx: RequestContext, cost_usd: float) -> None:
+        """Once per request, from accounting: swap the reservation for the actual cost (in the background)."""
+        tenant = ctx.tenant
+        if tenant is None:
+            return
+        webhook = str(ctx.snapshot.policy.spend.webhook_url) if ctx.snapshot.policy.spend.webhook_url else None
+        if cost_usd > 0 and (rate := self.baselines.spend_rate_anomaly(tenant.name, cost_usd, time.time(),
+                                                                       tenant.anomaly.k)) is not None:
+            self.alerts.raise_alert("spend_rate", "alert", webhook, tenant=tenant.name,
+                                    hour_usd=round(rate[0], 6), usual_hourly_usd=round(rate[1], 6))
+        reservation: Reservation | None = ctx.reservation
+        if reservation is None and (tenant.budget is None or cost_usd <= 0):
+            return
+        task = asyncio.get_running_loop().create_task(self._settle(ctx, tenant, reservation, cost_usd, webhook))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _settle(self, ctx: RequestContext, tenant: TenantView, reservation: Reservation | None,
+                      cost_usd: float, webhook: str | None) -> None:
+        budget = reservation.budget if reservation else tenant.budget
+        assert budget is not None
+        key = reservation.key if reservation else period_key(tenant.name, budget, time.time())
+        try:
+            result = await self.counters.settle(key, reservation.amount if reservation else 0,
+                                                math.ceil(cost_usd * NANO))
+        except Exception as exc:
+            log.error("budget counter unavailable at settlement (%s); the ledger keeps the cost", exc)
+            return
+        if result is None:
+            return
+        spent, reserved = result
+        limit = budget.limit_usd * NANO
+        self.metrics.budget_remaining.labels(tenant.name).set((limit - spent - reserved) / NANO)
+        if spent >= budget.alert_at * limit and key not in self._alerted:
+            self._alerted.add(key)
+            self.alerts.raise_alert("budget", "alert", webhook, tenant=tenant.name, period=key.split(":", 1)[1],
+                                    spent_usd=round(spent / NANO, 6), limit_usd=budget.limit_usd,
+                                    alert_at=budget.alert_at)
+
+    async def close(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.counters.close()
+
+
+def _fit_max_tokens(ctx: RequestContext, call: Call, allowed_usd: float, version: Any) -> int | None:
+    """The largest max_tokens whose worst case stays within ``allowed_usd`` (at least 1)."""
+    prices = ctx.snapshot.policy.prices
+    prompt_only = pricing.cost(prices, version, pricing.Usage(call.prompt_estimate, 0), ctx.service_class,
+                               ctx.batch is not None, False)
+    per_token = pricing.cost(prices, version, pricing.Usage(0, 1_000_000), ctx.service_class,
+                             ctx.batch is not None, False) / 1_000_000
+    if per_token <= 0:
+        return None
+    return max(1, min(call.max_output, int((allowed_usd - prompt_only) / per_token)))
