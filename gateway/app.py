@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway import accounting, admin, pipeline, reports
+from gateway import accounting, admin, pipeline, reports, reports_page
 from gateway.asgi import AsgiSink, Receive, Scope, Send, read_body, request_headers, until_disconnect
 from gateway.auth import authenticate, identify, token_matches
 from gateway.batches import api as batch_api
@@ -146,6 +146,7 @@ def create_app(store: PolicyStore, data_dir: Path | None = None) -> HotPaths:
             Route("/metrics", metrics, methods=["GET"]),
             *admin.routes(gw),
             *reports.routes(gw),
+            *reports_page.routes(gw),
             *(batch_api.routes(runner) if runner is not None else []),
         ],
         exception_handlers={404: not_found, 405: not_found},

@@ -25,6 +25,7 @@ from gateway.asgi import request_headers
 from gateway.auth import identify, is_admin, token_matches
 from gateway.ledger.stores import COLUMNS, GROUPS, LedgerStore, iter_all
 from gateway.openai_api import ApiError
+from gateway.policy.loader import PolicySnapshot
 from gateway.responses import api_error_response, error_response, json_response
 from gateway.runtime import Gateway
 
@@ -33,17 +34,32 @@ TOTALS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "co
           "cache_saved_tokens", "errors")
 
 
+COOKIE = "tollgate_reports"  # the finance page's sign-in (gateway.reports_page)
+
+
+def reads_reports(request: Request, snapshot: PolicySnapshot, token: str | None = None) -> bool:
+    """Does the caller hold the finance or admin token (as a bearer, the page's cookie, or ``token``)?"""
+    candidates: list[bytes | None] = []
+    if token is not None:
+        candidates.append(b"Bearer " + token.encode())
+    else:
+        candidates.append(request_headers(request.scope).get(b"authorization"))
+        if cookie := request.cookies.get(COOKIE):
+            candidates.append(b"Bearer " + cookie.encode())
+    finance = snapshot.policy.server.finance_token_sha256
+    return any(token_matches(c, finance) or is_admin(c, snapshot) for c in candidates)
+
+
 def routes(gw: Gateway) -> list[Route]:
     def reader(request: Request) -> Response | None:
         """None if the caller holds the finance or admin token; else the error to answer."""
         snapshot = gw.store.current
         try:
+            if reads_reports(request, snapshot):
+                return None
             authorization = request_headers(request.scope).get(b"authorization")
         except ApiError as exc:
             return api_error_response(exc)
-        if token_matches(authorization, snapshot.policy.server.finance_token_sha256) or \
-                is_admin(authorization, snapshot):
-            return None
         try:
             identify(authorization, snapshot)
         except ApiError:

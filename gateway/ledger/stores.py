@@ -9,6 +9,7 @@ thread (the ledger's writer, or ``asyncio.to_thread`` for reports).
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -62,6 +63,8 @@ class LedgerStore(Protocol):
 
     def totals(self, start: str, end: str, group_by: Sequence[str], tenant: str | None) -> list[dict[str, Any]]: ...
 
+    def tokens_percentile(self, start: str, end: str, q: float) -> int | None: ...
+
     def close(self) -> None: ...
 
 
@@ -105,6 +108,18 @@ class _Sql:
         # PostgreSQL sums integers as numeric (Decimal): back to plain numbers
         return [{k: int(v) if isinstance(v, Decimal) else v for k, v in row.items()} for row in rows
                 if row["requests"]]
+
+
+    def tokens_percentile(self, start: str, end: str, q: float) -> int | None:
+        """The q-th percentile (0-100) of prompt + completion tokens per request, sorted in the database."""
+        where, args = self._where(start, end, None)
+        count = self._run(f"SELECT count(*) AS n FROM ledger WHERE {where}", args)[0]["n"]
+        if not count:
+            return None
+        rank = min(int(count) - 1, max(0, math.ceil(q / 100 * int(count)) - 1))
+        rows = self._run(f"SELECT prompt_tokens + completion_tokens AS t FROM ledger WHERE {where} "
+                         f"ORDER BY t LIMIT 1 OFFSET {rank}", args)
+        return int(rows[0]["t"])
 
 
 class SqliteLedger(_Sql):

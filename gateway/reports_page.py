@@ -1,0 +1,184 @@
+"""The finance page (GET /reports): spend by day and tenant, top models, tokens per request p95, cost per 1,000
+requests, cache savings, budget burn-down and recent anomalies, with CSV downloads.
+
+Server-rendered HTML with SVG charts drawn here: no JavaScript, nothing fetched from a CDN, nothing to build.
+Sign-in takes the finance or admin token once and keeps it in an HttpOnly, SameSite=Strict cookie, which the
+report API also accepts, so the CSV links work from the page. Every figure comes from the same store queries
+as /admin/reports/costs, so the page and the API agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+from html import escape
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from gateway.ledger.stores import LedgerStore
+from gateway.reports import COOKIE, iso, reads_reports, sum_rows, with_rates
+from gateway.runtime import Gateway
+from gateway.spend.service import period_start
+
+COLORS = ("#3b6ea5", "#e07b39", "#4f9d69", "#b5485d", "#7d5ba6", "#c9a227", "#3a9ca6", "#8c6d46")
+STYLE = """
+body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1d2330;background:#f7f8fa}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:16px;margin:28px 0 8px}
+.cards{display:flex;gap:12px;flex-wrap:wrap}.card{background:#fff;border:1px solid #dde1e8;border-radius:6px;
+padding:10px 14px;min-width:150px}.card b{display:block;font-size:20px}.muted{color:#667}
+table{border-collapse:collapse;background:#fff}td,th{border:1px solid #dde1e8;padding:4px 8px;text-align:right}
+th{background:#eef1f5}td:first-child,th:first-child{text-align:left}
+.legend span{display:inline-block;margin-right:12px}.legend i{display:inline-block;width:10px;height:10px;
+margin-right:4px}form.login{background:#fff;border:1px solid #dde1e8;padding:16px;max-width:360px}
+"""
+
+
+def routes(gw: Gateway) -> list[Route]:
+    async def page(request: Request) -> Response:
+        if not reads_reports(request, gw.store.current):
+            return _login()
+        if gw.ledger is None:
+            return HTMLResponse(_html("Tollgate costs", "<p>The ledger is not enabled: start the gateway with a "
+                                      "data directory.</p>"), 409)
+        days = request.query_params.get("days", "30")
+        days_n = int(days) if days.isdigit() and 1 <= int(days) <= 366 else 30
+        data = await asyncio.to_thread(_gather, gw.ledger.store, gw, days_n)
+        return HTMLResponse(_dashboard(data, days_n, list(gw.alerts.recent)[-20:][::-1]))
+
+    async def login(request: Request) -> Response:
+        form = await request.form(max_files=0, max_fields=4)
+        token = str(form.get("token") or "")
+        if not reads_reports(request, gw.store.current, token):
+            return _login("That token does not open the reports.", 401)
+        response = RedirectResponse("/reports", 303)
+        response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/",
+                            secure=request.url.scheme == "https")
+        return response
+
+    async def logout(request: Request) -> Response:
+        response = RedirectResponse("/reports", 303)
+        response.delete_cookie(COOKIE, path="/")
+        return response
+
+    return [Route("/reports", page, methods=["GET"]), Route("/reports/login", login, methods=["POST"]),
+            Route("/reports/logout", logout, methods=["POST"])]
+
+
+def _gather(store: LedgerStore, gw: Gateway, days: int) -> dict[str, Any]:
+    """Every figure on the page, from the store (on a thread)."""
+    now = time.time()
+    today = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    start, end = iso(today - timedelta(days=days - 1)), iso(today + timedelta(days=1))
+    by_day_tenant = store.totals(start, end, ["day", "tenant"], None)
+    by_model = sorted((with_rates(r) for r in store.totals(start, end, ["model"], None)),
+                      key=lambda r: -r["cost_usd"])
+    total = with_rates(sum_rows(by_day_tenant))
+    budgets = []
+    for name, tenant in gw.store.current.tenants.items():
+        if tenant.budget is None:
+            continue
+        rows = store.totals(period_start(tenant.budget, now), "9999", [], name)
+        spent = rows[0]["cost_usd"] if rows else 0.0
+        budgets.append({"tenant": name, "period": tenant.budget.period, "limit_usd": tenant.budget.limit_usd,
+                        "spent_usd": spent})
+    return {"from": start, "to": end, "by_day_tenant": by_day_tenant, "by_model": by_model, "total": total,
+            "tokens_p95": store.tokens_percentile(start, end, 95), "budgets": budgets}
+
+
+def _dashboard(data: dict[str, Any], days: int, alerts: list[dict[str, Any]]) -> str:
+    total = data["total"]
+    p95 = data["tokens_p95"]
+    cards = "".join(f'<div class="card"><span class="muted">{label}</span><b data-testid="{tid}">{value}</b></div>'
+                    for label, tid, value in (
+                        ("Spend (USD)", "total-cost", f"{total['cost_usd']:.6f}"),
+                        ("Requests", "total-requests", f"{total['requests']}"),
+                        ("Cost per 1,000 requests", "cost-per-1k", f"{total['cost_per_1k_requests_usd']:.6f}"),
+                        ("Tokens per request p95", "tokens-p95", "-" if p95 is None else str(p95)),
+                        ("Cache hits", "cache-hits", f"{total['cache_hits']}"),
+                        ("Tokens saved by the cache", "cache-saved", f"{total['cache_saved_tokens']}")))
+    models = "".join(
+        f'<tr data-testid="model-row"><td>{escape(str(r["model"]))}</td><td>{r["requests"]}</td>'
+        f'<td>{r["prompt_tokens"]}</td><td>{r["completion_tokens"]}</td><td>{r["cost_usd"]:.6f}</td>'
+        f'<td>{r["cost_per_1k_requests_usd"]:.6f}</td></tr>' for r in data["by_model"][:10])
+    budgets = "".join(
+        f'<tr data-testid="budget-row"><td>{escape(b["tenant"])}</td><td>{b["period"]}</td>'
+        f'<td>{b["spent_usd"]:.6f}</td><td>{b["limit_usd"]:g}</td>'
+        f'<td>{_bar(b["spent_usd"] / b["limit_usd"] if b["limit_usd"] else 0)}</td></tr>' for b in data["budgets"])
+    anomaly_rows = "".join(
+        f'<tr data-testid="anomaly-row"><td>{escape(str(a.get("time")))}</td><td>{escape(str(a.get("kind")))}</td>'
+        f'<td>{escape(str(a.get("action")))}</td><td>{escape(str(a.get("tenant", "")))}</td>'
+        f'<td>{escape(str(a.get("worst_case_usd", a.get("hour_usd", a.get("spent_usd", "")))))}</td></tr>'
+        for a in alerts)
+    body = f"""
+<h1>Tollgate costs</h1>
+<p class="muted">Last {days} days, {data['from'][:10]} to {data['to'][:10]} (UTC, end exclusive).
+<a href="/admin/reports/costs?format=csv&group_by=day,tenant,model&from={data['from'][:10]}">Download CSV by day,
+tenant and model</a> · <a href="/admin/ledger?format=csv&from={data['from'][:10]}">Download every record (CSV)</a></p>
+<form method="post" action="/reports/logout"><button>Sign out</button></form>
+<div class="cards">{cards}</div>
+<h2>Daily spend by tenant (USD)</h2>{_daily_chart(data['by_day_tenant'])}
+<h2>Top models</h2>
+<table><tr><th>Model</th><th>Requests</th><th>Prompt tokens</th><th>Completion tokens</th><th>Cost (USD)</th>
+<th>Per 1,000 requests</th></tr>{models or '<tr><td colspan="6">No requests yet.</td></tr>'}</table>
+<h2>Budget burn-down (this period)</h2>
+<table><tr><th>Tenant</th><th>Period</th><th>Spent (USD)</th><th>Limit (USD)</th><th>Used</th></tr>
+{budgets or '<tr><td colspan="5">No tenant has a budget.</td></tr>'}</table>
+<h2>Recent anomalies and alerts</h2>
+<table><tr><th>Time</th><th>Kind</th><th>Action</th><th>Tenant</th><th>USD</th></tr>
+{anomaly_rows or '<tr><td colspan="5">None.</td></tr>'}</table>"""
+    return _html("Tollgate costs", body)
+
+
+def _daily_chart(rows: list[dict[str, Any]], width: int = 760, height: int = 220) -> str:
+    """Stacked bars: one per day, one colour per tenant."""
+    if not rows:
+        return '<p class="muted">No spend in this range.</p>'
+    days = sorted({r["day"] for r in rows})
+    tenants = sorted({r["tenant"] for r in rows})
+    cost = {(r["day"], r["tenant"]): r["cost_usd"] or 0.0 for r in rows}
+    peak = max(sum(cost.get((d, t), 0.0) for t in tenants) for d in days) or 1.0
+    slot = min((width - 60) / len(days), 48.0)
+    bars = []
+    for i, day in enumerate(days):
+        y = height - 20.0
+        for j, tenant in enumerate(tenants):
+            value = cost.get((day, tenant), 0.0)
+            h = value / peak * (height - 40)
+            y -= h
+            bars.append(f'<rect x="{50 + i * slot + slot * 0.1:.1f}" y="{y:.1f}" width="{slot * 0.8:.1f}" '
+                        f'height="{h:.1f}" fill="{COLORS[j % len(COLORS)]}"><title>{escape(day)} '
+                        f'{escape(tenant)}: ${value:.6f}</title></rect>')
+        if len(days) <= 31:
+            bars.append(f'<text x="{50 + i * slot + slot / 2:.1f}" y="{height - 5}" font-size="10" '
+                        f'text-anchor="middle">{day[5:]}</text>')
+    axis = (f'<text x="4" y="16" font-size="10">${peak:.4f}</text>'
+            f'<line x1="48" y1="{height - 20}" x2="{width}" y2="{height - 20}" stroke="#999"/>')
+    legend = "".join(f'<span><i style="background:{COLORS[j % len(COLORS)]}"></i>{escape(t)}</span>'
+                     for j, t in enumerate(tenants))
+    return (f'<svg data-testid="daily-chart" width="{width}" height="{height}" role="img" '
+            f'aria-label="Daily spend by tenant">{axis}{"".join(bars)}</svg><div class="legend">{legend}</div>')
+
+
+def _bar(share: float) -> str:
+    used = max(0.0, min(share, 1.0))
+    colour = "#b5485d" if share >= 1 else "#e07b39" if share >= 0.8 else "#4f9d69"
+    return (f'<svg width="160" height="12"><rect width="160" height="12" fill="#eef1f5"/>'
+            f'<rect width="{160 * used:.1f}" height="12" fill="{colour}"/></svg> {share * 100:.1f}%')
+
+
+def _login(message: str = "", status: int = 200) -> HTMLResponse:
+    note = f'<p style="color:#b5485d">{escape(message)}</p>' if message else ""
+    body = (f'<h1>Tollgate costs</h1>{note}<form class="login" method="post" action="/reports/login">'
+            '<label>Finance or admin token<br><input type="password" name="token" autocomplete="off" '
+            'style="width:100%"></label><p><button type="submit">Sign in</button></p></form>')
+    return HTMLResponse(_html("Tollgate costs: sign in", body), status)
+
+
+def _html(title: str, body: str) -> str:
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+            f'<meta name="viewport" content="width=device-width"><style>{STYLE}</style></head><body>{body}</body>'
+            '</html>')
