@@ -81,7 +81,14 @@ def routes(gw: Gateway) -> list[Route]:
                  and (not q.get("kind") or a["kind"] == q["kind"])]
         return json_response({"object": "list", "data": found})
 
+    async def scale(request: Request) -> Response:
+        """Per pool: the desired worker count by the scaling rules, why, and the signals behind it."""
+        if (denied := guard(request)) is not None:
+            return denied
+        return json_response({"pools": gw.autoscaler.last})
+
     return [
+        Route("/admin/scale", scale, methods=["GET"]),
         Route("/admin/anomalies", anomalies, methods=["GET"]),
         Route("/admin/queues", queues, methods=["GET"]),
         Route("/admin/policy", put_policy, methods=["PUT"]),

@@ -58,6 +58,9 @@ class GatewayMetrics:
         self.cache_entries = Gauge("tollgate_cache_entries", "Entries in this replica's semantic index.", registry=r)
         self.queue_depth = Gauge("tollgate_queue_depth", "Requests waiting in the gateway's queues.",
                                  ["pool", "class"], registry=r)
+        self.scale_desired = Gauge("tollgate_scale_desired_workers", "Workers each pool should have by the "
+                                   "scaling rules (KV, queue, TTFT p95 vs SLO; scale-in quiet period; cooldown).",
+                                   ["pool"], registry=r)
         self.cost = Counter("tollgate_cost_usd", "Spend recorded, by tenant and model.", ["tenant", "model"],
                             registry=r)
         self.budget_remaining = Gauge("tollgate_budget_remaining_usd", "Budget left this period (after "

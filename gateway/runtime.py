@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from gateway.ledger.writer import LedgerWriter
 from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import PolicyError, PolicySnapshot, PolicyStore
 from gateway.policy.schema import CachePolicy
+from gateway.scaling import Autoscaler
 from gateway.scheduling.controller import Controller
 from gateway.spend.alerts import Alerts
 from gateway.spend.service import Spend
@@ -29,6 +31,7 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.alerts = Alerts(self.metrics, data_dir / "alerts.jsonl" if data_dir is not None else None)
         self.spend = Spend(self.metrics, self.alerts, ledger.store if ledger is not None else None)
+        self.autoscaler = Autoscaler(self.metrics)
         self.scheduler = Controller(self.metrics)
         self.upstreams = Upstreams(self.metrics, traces=[connect_trace()], on_metrics=self._on_metrics)
         self.cache: SemanticCache | None = None
@@ -45,6 +48,7 @@ class Gateway:
         self._spawn(self.store.watch())
         self._spawn(self._watch_loop_lag())
         self._spawn(self.alerts.run())
+        self._spawn(self._watch_scale())
         if self.ledger is not None:
             self.ledger.start()
         try:
@@ -80,6 +84,14 @@ class Gateway:
             started = loop.time()
             await asyncio.sleep(interval)
             self.metrics.loop_lag.observe(max(0.0, loop.time() - started - interval))
+
+    async def _watch_scale(self, interval: float = 5.0) -> None:
+        """The scaling signal, every few seconds (cheap: a pass over the pools and the TTFT histogram)."""
+        while True:
+            await asyncio.sleep(interval)
+            queued = {name: sum(q.count for q in state.queues.values())
+                      for name, state in self.scheduler.pools.items()}
+            self.autoscaler.step(time.monotonic(), self.store.current.policy, self.upstreams.pools, queued)
 
     def _on_policy(self, snapshot: PolicySnapshot) -> None:
         self.metrics.policy_reloads.labels("ok").inc()

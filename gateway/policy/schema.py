@@ -76,6 +76,20 @@ class Tenant(Strict):
         return keys
 
 
+class Autoscaling(Strict):
+    """The sources' scaling rules for a pool's workers (gateway.scaling); the gateway publishes the desired count,
+    an autoscaler (KEDA) acts on it."""
+
+    min_workers: int = Field(1, ge=0)
+    max_workers: int = Field(16, ge=1)
+    kv_out: float = Field(0.8, gt=0, le=1, description="scale out above this KV-cache usage")
+    queue_out: int = Field(50, ge=1, description="scale out above this many queued requests")
+    ttft_slo_share: float = Field(0.8, gt=0, le=2, description="scale out when TTFT p95 passes this share of SLO")
+    kv_in: float = Field(0.3, ge=0, lt=1, description="scale in below this KV usage, with nothing queued ...")
+    quiet_in_s: float = Field(600, gt=0, description="... for this long")
+    cooldown_s: float = Field(300, ge=0, description="no two changes closer than this")
+
+
 class Pool(Strict):
     """A set of interchangeable workers behind one keep-alive client."""
 
@@ -90,6 +104,7 @@ class Pool(Strict):
                                  "out (a failed request leaves it out at once)")
     max_inflight_per_worker: int = Field(256, ge=1, description="upper bound of requests the gateway keeps on one "
                                          "worker; below it the gateway learns each worker's own from its metrics")
+    autoscaling: Autoscaling = Autoscaling()
     engine_priority: bool = Field(False, description="workers run --scheduling-policy priority: send vLLM's "
                                   "'priority' field (premium lowest)")
 

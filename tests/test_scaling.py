@@ -1,0 +1,95 @@
+"""The scaling signal: the sources' rules replayed over a traffic trace, and TTFT p95 from the histogram."""
+
+from __future__ import annotations
+
+import itertools
+
+from gateway.metrics import GatewayMetrics
+from gateway.policy.schema import Autoscaling, Policy
+from gateway.scaling import Autoscaler, ScaleRules, Signals
+
+SLO_S = 0.8
+STEP_S = 5.0
+
+
+def trace() -> list[tuple[float, float, float, float | None]]:
+    """(time, KV usage, queued, TTFT p95) every 5 s for 70 minutes: quiet, a morning ramp that fills the KV cache,
+    a TTFT excursion with a short KV lull, a long plateau, then night (with one short blip of queue)."""
+    rows: list[tuple[float, float, float, float | None]] = []
+    t = 0.0
+    while t < 70 * 60:
+        minute = t / 60
+        if minute < 5:
+            kv, queued, ttft = 0.25, 0.0, 0.2
+        elif minute < 15:
+            kv, queued, ttft = 0.85, 12.0, 0.5  # KV over 80%: out
+        elif minute < 17:
+            kv, queued, ttft = 0.6, 0.0, 0.7  # TTFT p95 700 ms > 80% of 800: out (if not cooling)
+        elif minute < 30:
+            kv, queued, ttft = 0.6, 20.0, 0.3  # busy but within every bar
+        elif minute < 45:
+            kv, queued, ttft = 0.1, 0.0, 0.15  # quiet
+        elif minute < 45.2:
+            kv, queued, ttft = 0.1, 3.0, 0.15  # a blip of queue restarts the quiet clock
+        else:
+            kv, queued, ttft = 0.1, 0.0, 0.15
+        rows.append((t, kv, queued, ttft))
+        t += STEP_S
+    return rows
+
+
+def replay(spec: Autoscaling, workers: int = 2) -> list[tuple[float, int, str]]:
+    rules = ScaleRules(spec)
+    changes = []
+    desired = workers
+    for t, kv, queued, ttft in trace():
+        decision = rules.decide(t, Signals(desired, kv, queued, ttft, SLO_S))
+        if decision.desired != desired:
+            changes.append((t, decision.desired, decision.reason))
+            desired = decision.desired
+    return changes
+
+
+def test_out_when_the_rules_say_in_only_after_ten_quiet_minutes_never_within_the_cooldown() -> None:
+    changes = replay(Autoscaling(min_workers=1, max_workers=8))
+    times = [t for t, _, _ in changes]
+    assert changes[0][:2] == (5 * 60, 3) and "KV cache 85% > 80%" in changes[0][2], "out at once on KV"
+    assert changes[1][0] == 10 * 60 and changes[1][1] == 4, "still over: out again right after the cooldown"
+    assert changes[2][0] == 15 * 60 and changes[2][1] == 5 and "TTFT p95 700 ms" in changes[2][2], \
+        "TTFT over 80% of the SLO is a reason of its own"
+    assert all(b - a >= 300 for a, b in itertools.pairwise(times)), "never twice within 5 minutes"
+    ins = [(t, d) for t, d, reason in changes if reason.startswith("scale in")]
+    busy = [t for t, kv, queued, _ in trace() if queued > 0 or kv >= 0.3]
+    last_busy_before_quiet = max(t for t in busy if t < 30 * 60)
+    blip_end = max(busy)
+    # quiet from minute 30: in 10 minutes after the last busy sample; the blip at 45 restarts the clock
+    assert ins[0] == (last_busy_before_quiet + 600, 4)
+    assert ins[1] == (blip_end + 600, 3)
+    assert all(reason.startswith(("scale out", "scale in")) for _, _, reason in changes)
+    assert not [t for t, d, reason in changes if reason.startswith("scale in") and 5 * 60 <= t < 39 * 60], \
+        "never in while busy"
+
+
+def test_bounds_hold() -> None:
+    changes = replay(Autoscaling(min_workers=2, max_workers=3))
+    assert max(d for _, d, _ in changes) == 3 and min(d for _, d, _ in changes) >= 2
+
+
+def test_ttft_p95_comes_from_the_histograms_last_minute() -> None:
+    policy = Policy.model_validate({"version": 1, "allow_empty": True,
+                                    "models": {"m": {"pool": "p"}},
+                                    "pools": {"p": {"workers": ["http://127.0.0.1:9"]}}})
+    metrics = GatewayMetrics()
+    scaler = Autoscaler(metrics, window_s=60)
+    scaler.step(0.0, policy, {}, {})
+    for i in range(100):  # 95 fast answers, 5 slow ones
+        metrics.ttft.labels("premium", "m").observe(0.05 if i < 95 else 3.0)
+    scaler.step(10.0, policy, {}, {})
+    p95, tiers = scaler._ttft_p95("p", scaler._buckets(policy))
+    assert tiers == {"premium"} and p95 is not None and p95 <= 0.1
+    for _ in range(100):  # a minute later only slow answers come
+        metrics.ttft.labels("premium", "m").observe(2.0)
+    for t in (40.0, 70.0, 80.0):
+        scaler.step(t, policy, {}, {})
+    p95, _ = scaler._ttft_p95("p", scaler._buckets(policy))
+    assert p95 is not None and p95 > 1.0, "the old fast answers left the window"
