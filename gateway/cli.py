@@ -1,4 +1,4 @@
-"""`tollgate`: up | serve | sim | policy check | keys new | costs | worker render | loadtest."""
+"""`tollgate`: up | serve | sim | policy check | keys new | costs | diagnose | worker render | loadtest."""
 
 from __future__ import annotations
 
@@ -199,6 +199,30 @@ def cmd_costs(args: argparse.Namespace) -> None:
     Console().print(table)
 
 
+def cmd_diagnose(args: argparse.Namespace) -> None:
+    """The sources' latency checklist against a running gateway; exit 1 when it finds a problem."""
+    import asyncio
+
+    from gateway import diagnose
+
+    model = args.model
+    if model is None:
+        try:
+            listed = httpx.get(args.url.rstrip("/") + "/v1/models", headers={"Authorization": f"Bearer {args.key}"},
+                               timeout=10).json()["data"]
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            sys.exit(f"tollgate diagnose: cannot list models at {args.url} ({exc}); give --model")
+        if not listed:
+            sys.exit("tollgate diagnose: the key may use no model; give --model")
+        model = listed[0]["id"]
+    report = asyncio.run(diagnose.run(args.url, args.key, model, args.direct, args.metrics_token))
+    if args.json:
+        print(json.dumps([f.__dict__ for f in report.findings], indent=2))
+    else:
+        print(report.text())
+    sys.exit(1 if report.problems else 0)
+
+
 def cmd_keys_new(args: argparse.Namespace) -> None:
     from gateway.auth import hash_key, new_key
 
@@ -278,6 +302,15 @@ def build_parser() -> argparse.ArgumentParser:
     costs.add_argument("--group-by", default="tenant,model", help="from tenant,model,day,tier,class,key")
     costs.add_argument("--csv", action="store_true", help="CSV instead of a table")
     costs.set_defaults(func=cmd_costs)
+
+    diag = sub.add_parser("diagnose", help="where the latency goes: the sources' checklist against a gateway")
+    diag.add_argument("url", help="the gateway (or the proxy in front of it)")
+    diag.add_argument("--key", required=True, help="a tenant's API key")
+    diag.add_argument("--direct", help="a worker's URL, to compare with and read its metrics")
+    diag.add_argument("--model", help="default: the first model the key may use")
+    diag.add_argument("--metrics-token", help="if the gateway's /metrics needs one")
+    diag.add_argument("--json", action="store_true")
+    diag.set_defaults(func=cmd_diagnose)
 
     keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="keys_command", required=True)
     new = keys.add_parser("new", help="make a key; print it once and the hash line for the policy")

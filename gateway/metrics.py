@@ -28,6 +28,9 @@ class GatewayMetrics:
         self.requests = Counter("tollgate_requests", "Requests answered.", [*tm, "status"], registry=r)
         self.errors = Counter("tollgate_errors", "Requests that ended in an error.", [*tm, "kind"], registry=r)
         self.tokens = Counter("tollgate_tokens", "Tokens by direction.", [*tm, "direction"], registry=r)
+        self.upstream_connections = Counter("tollgate_upstream_connections_opened", "Connections opened to "
+                                            "workers (few per request means keep-alive reuse).", ["pool"],
+                                            registry=r)
         self.retries = Counter("tollgate_upstream_retries", "Requests retried on another worker.", ["pool"],
                                registry=r)
         self.worker_up = Gauge("tollgate_worker_healthy", "1 if the worker is admitted for routing.",

@@ -64,9 +64,19 @@ class UpstreamPool:
         self._scrape_session: aiohttp.ClientSession | None = None
         self._scraper: asyncio.Task[None] | None = None
 
+    def _connections_trace(self) -> aiohttp.TraceConfig:
+        """Count the upstream connections opened: requests / connections is the keep-alive reuse."""
+        opened = self.metrics.upstream_connections.labels(self.name)
+        trace = aiohttp.TraceConfig()
+
+        async def on_created(session: object, context: object, params: object) -> None:
+            opened.inc()
+        trace.on_connection_create_end.append(on_created)
+        return trace
+
     async def start(self) -> None:
         """Open the sessions, scrape once before serving (so /readyz is right at once), then keep scraping."""
-        self.session = session(self.spec, self._traces)
+        self.session = session(self.spec, [*(self._traces or []), self._connections_trace()])
         self._scrape_session = session(self.spec)
         timeout = aiohttp.ClientTimeout(total=min(2.0, max(0.5, self.spec.scrape_interval_s * 2)))
         await asyncio.gather(*(scrape(w, self._scrape_session, timeout) for w in self.workers))

@@ -1,0 +1,238 @@
+"""`tollgate diagnose URL --key KEY [--direct WORKER_URL]`: the sources' latency checklist as a command.
+
+It sends a few real requests and reads the gateway's and the worker's own metrics, then names the stage where
+the time goes and the fix the sources give for it:
+
+- TTFT through the gateway against direct to a worker (the proxy's own cost);
+- buffering: tokens that should trickle in arrive together (a proxy holding the stream back);
+- upstream keep-alive reuse, from the gateway's count of connections opened per request;
+- short prompts behind long ones: short TTFT alone against with long prompts in flight (prefill crowding);
+- the slowest stage of the gateway's requests (queue wait, connect, engine) from its stage histograms;
+- the worker's engine: its own queue time and idle gaps (running 0 while requests wait);
+- the gateway's event-loop lag (CPU starvation coalesces tokens and adds TTFT).
+
+It is a client of the gateway (HTTP only), so it works against any deployment the caller can reach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+SHORT = "Name three colours."
+LONG = "Summarise the following notes. " + "The quarterly report covers revenue, costs and hiring plans. " * 120
+
+
+@dataclass
+class Probe:
+    ttft: float | None = None
+    total: float = 0.0
+    arrivals: list[float] = field(default_factory=list)  # seconds after the request, per content event
+    status: int = 0
+
+
+@dataclass
+class Finding:
+    check: str
+    problem: bool
+    detail: str
+    fix: str = ""
+
+
+@dataclass
+class Report:
+    findings: list[Finding]
+
+    @property
+    def problems(self) -> list[Finding]:
+        return [f for f in self.findings if f.problem]
+
+    def text(self) -> str:
+        lines = []
+        if self.problems:
+            lines.append(f"Where the time goes: {self.problems[0].check}. {self.problems[0].fix}")
+        else:
+            lines.append("Where the time goes: nothing stands out; every check passed.")
+        lines.append("")
+        for f in self.findings:
+            lines.append(f"[{'PROBLEM' if f.problem else 'ok'}] {f.check}: {f.detail}")
+            if f.problem and f.fix:
+                lines.append(f"        fix: {f.fix}")
+        return "\n".join(lines)
+
+
+async def stream(client: httpx.AsyncClient, base: str, key: str | None, model: str, prompt: str,
+                 max_tokens: int) -> Probe:
+    """One streamed chat request; when each content event arrived."""
+    probe = Probe()
+    started = time.perf_counter()
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {"model": model, "stream": True, "max_tokens": max_tokens, "temperature": 0,
+            "messages": [{"role": "user", "content": prompt}]}
+    async with client.stream("POST", base.rstrip("/") + "/v1/chat/completions", json=body, headers=headers) as r:
+        probe.status = r.status_code
+        async for line in r.aiter_lines():
+            if line.startswith("data:") and '"content":"' in line.replace(" ", "") and \
+                    '"content":""' not in line.replace(" ", ""):
+                now = time.perf_counter() - started
+                probe.arrivals.append(now)
+                if probe.ttft is None:
+                    probe.ttft = now
+    probe.total = time.perf_counter() - started
+    return probe
+
+
+def metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return out
+
+
+def total(m: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float:
+    return sum(v for lab, v in m.get(name, []) if all(lab.get(k) == x for k, x in labels.items()))
+
+
+async def fetch_metrics(client: httpx.AsyncClient, base: str, token: str | None) -> dict[str, Any] | None:
+    try:
+        r = await client.get(base.rstrip("/") + "/metrics",
+                             headers={"Authorization": f"Bearer {token}"} if token else {})
+    except httpx.HTTPError:
+        return None
+    return metrics(r.text) if r.status_code == 200 else None
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+async def run(url: str, key: str | None, model: str, direct: str | None = None, metrics_token: str | None = None,
+              samples: int = 6, tokens: int = 48) -> Report:
+    findings: list[Finding] = []
+    async with httpx.AsyncClient(timeout=120) as client:
+        before = await fetch_metrics(client, url, metrics_token)
+        worker_before = await fetch_metrics(client, direct, None) if direct else None
+
+        via = [await stream(client, url, key, model, SHORT, tokens) for _ in range(samples)]
+        bad = [p.status for p in via if p.status != 200]
+        if bad:
+            return Report([Finding("requests fail", True, f"HTTP {bad[0]} from {url}",
+                                   "check the key, the model name and /readyz")])
+        via_ttft = median([p.ttft for p in via if p.ttft is not None])
+        sequential = await fetch_metrics(client, url, metrics_token)  # keep-alive is judged on one-at-a-time requests
+
+        # 1. the proxy's own cost
+        if direct:
+            straight = [await stream(client, direct, None, model, SHORT, tokens) for _ in range(samples)]
+            direct_ttft = median([p.ttft for p in straight if p.ttft is not None])
+            extra = via_ttft - direct_ttft
+            findings.append(Finding(
+                "proxy overhead", extra > max(0.05, 0.5 * direct_ttft),
+                f"TTFT p50 {via_ttft * 1000:.0f} ms through the gateway vs {direct_ttft * 1000:.0f} ms direct "
+                f"(+{extra * 1000:.0f} ms)",
+                "keep the gateway on its own cores, keep-alive to the workers, no extra hops; see the stages below"))
+
+        # 2. buffering: tokens arriving together, the first one only near the end
+        held = [p for p in via if p.ttft is not None and len(p.arrivals) >= 8 and p.total > 0.05
+                and p.ttft / p.total > 0.8]
+        spread = median([(p.arrivals[-1] - p.arrivals[0]) / max(p.total, 1e-9) for p in via if len(p.arrivals) > 1])
+        findings.append(Finding(
+            "buffering", len(held) > len(via) / 2,
+            f"first token at {median([p.ttft / p.total for p in via if p.ttft]) * 100:.0f}% of the stream's time; "
+            f"tokens spread over {spread * 100:.0f}% of it",
+            "turn proxy buffering off on every hop (nginx: proxy_buffering off; X-Accel-Buffering: no), "
+            "no gzip on text/event-stream"))
+
+        # 3. short prompts behind long ones
+        alone = [await stream(client, url, key, model, SHORT, 8) for _ in range(3)]
+        longs = [asyncio.create_task(stream(client, url, key, model, LONG, 16)) for _ in range(4)]
+        await asyncio.sleep(0.05)
+        beside = await asyncio.gather(*(stream(client, url, key, model, SHORT, 8) for _ in range(3)))
+        worker_during = await fetch_metrics(client, direct, None) if direct else None
+        await asyncio.gather(*longs)
+        alone_ttft = median([p.ttft for p in alone if p.ttft is not None])
+        beside_ttft = median([p.ttft for p in beside if p.ttft is not None])
+        findings.append(Finding(
+            "long prompts crowd short ones", beside_ttft > 2 * alone_ttft and beside_ttft - alone_ttft > 0.1,
+            f"short-prompt TTFT {alone_ttft * 1000:.0f} ms alone vs {beside_ttft * 1000:.0f} ms beside long prompts",
+            "chunked prefill (vLLM --enable-chunked-prefill, a smaller --max-num-batched-tokens), or route long "
+            "prompts to their own pool, so prefill does not stall the others' decoding"))
+
+        after = await fetch_metrics(client, url, metrics_token)
+        if before is not None and after is not None and sequential is not None:
+            findings.append(_keep_alive(before, sequential))
+            findings += _gateway_findings(before, after)
+        else:
+            findings.append(Finding("gateway metrics", False, "not readable (give --metrics-token if it is set)"))
+        if worker_before is not None:
+            worker_after = await fetch_metrics(client, direct, None) if direct else None
+            if worker_after is not None:
+                findings += _worker_findings(worker_before, worker_after, worker_during)
+    findings.sort(key=lambda f: not f.problem)
+    return Report(findings)
+
+
+def _keep_alive(before: dict[str, Any], after: dict[str, Any]) -> Finding:
+    """Requests sent one at a time need one connection between them when keep-alive works."""
+    requests = total(after, "tollgate_requests_total") - total(before, "tollgate_requests_total")
+    opened = (total(after, "tollgate_upstream_connections_opened_total")
+              - total(before, "tollgate_upstream_connections_opened_total"))
+    return Finding(
+        "upstream keep-alive", requests >= 3 and opened / requests > 0.5,
+        f"{opened:.0f} connections opened to workers for {requests:.0f} requests sent one at a time "
+        f"({max(0.0, 1 - opened / max(requests, 1)) * 100:.0f}% reuse)",
+        "keep connections to the workers alive (pool keepalive_s well above the gap between requests; no "
+        "'Connection: close' on the way); a new connection per request adds a handshake to every TTFT")
+
+
+def _gateway_findings(before: dict[str, Any], after: dict[str, Any]) -> list[Finding]:
+    out = []
+    stages = {}
+    for stage, name in (("queue wait", "tollgate_queue_wait_seconds"), ("connect", "tollgate_upstream_connect_seconds"),
+                        ("ttft", "tollgate_ttft_seconds")):
+        count = total(after, name + "_count") - total(before, name + "_count")
+        spent = total(after, name + "_sum") - total(before, name + "_sum")
+        stages[stage] = spent / count if count else 0.0
+    engine = max(0.0, stages["ttft"] - stages["queue wait"] - stages["connect"])
+    parts = {"gateway queue wait": stages["queue wait"], "upstream connect": stages["connect"],
+             "worker (engine queue + prefill)": engine}
+    slowest = max(parts, key=lambda k: parts[k])
+    out.append(Finding("slowest stage", False, f"of a mean TTFT of {stages['ttft'] * 1000:.0f} ms: " + ", ".join(
+        f"{k} {v * 1000:.0f} ms" for k, v in parts.items()) + f"; most is {slowest}"))
+    # lag during this run only (bucket deltas): a slow start-up long ago is not today's problem
+    lag_count = (total(after, "tollgate_event_loop_lag_seconds_count")
+                 - total(before, "tollgate_event_loop_lag_seconds_count"))
+    then = {lab["le"]: v for lab, v in before.get("tollgate_event_loop_lag_seconds_bucket", [])}
+    lag_buckets = sorted((float(lab["le"]), v - then.get(lab["le"], 0.0))
+                         for lab, v in after.get("tollgate_event_loop_lag_seconds_bucket", []))
+    p99 = next((le for le, v in lag_buckets if lag_count and v >= 0.99 * lag_count), 0.0)
+    out.append(Finding(
+        "gateway event-loop lag", p99 > 0.02,
+        f"p99 {p99 * 1000:.0f} ms (how late a 100 ms timer runs)",
+        "give the gateway its own cores (a neighbour starving it coalesces tokens and adds TTFT); keep CPU work "
+        "such as embeddings and logging off the loop"))
+    return out
+
+
+def _worker_findings(before: dict[str, Any], after: dict[str, Any], during: dict[str, Any] | None) -> list[Finding]:
+    out = []
+    count = (total(after, "vllm:request_queue_time_seconds_count")
+             - total(before, "vllm:request_queue_time_seconds_count"))
+    spent = total(after, "vllm:request_queue_time_seconds_sum") - total(before, "vllm:request_queue_time_seconds_sum")
+    if count:
+        out.append(Finding("worker queue", spent / count > 0.2, f"mean {spent / count * 1000:.0f} ms waiting inside "
+                           "the engine", "the engine is full: scale out (see /admin/scale) or lower max_tokens"))
+    if during is not None:
+        running = total(during, "vllm:num_requests_running")
+        waiting = total(during, "vllm:num_requests_waiting")
+        out.append(Finding("idle engine with work waiting", running == 0 and waiting > 0,
+                           f"running {running:.0f}, waiting {waiting:.0f} under load",
+                           "the engine is blocked (KV cache full or a stuck prefill): check KV usage and preemptions"))
+    return out
