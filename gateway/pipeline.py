@@ -59,7 +59,7 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
                            capture=decision is not None and decision.keep_answer)
         finally:  # also when the client left or the worker failed: what was delivered is counted
             gw.scheduler.release(ctx, pool.name)
-            count_tokens(ctx, relayed)
+            count_tokens(ctx, relayed, call.prompt_estimate)
         ctx.timings.tpot = relayed.tpot
         _remember(gw, ctx, decision, relayed)
     except ApiError as exc:
@@ -76,17 +76,18 @@ async def exchange(ctx: RequestContext, pool: UpstreamPool, payload: bytes, sink
             await relay_body(ctx, worker, response, sink, relayed, pool.spec.cooldown_s)
 
 
-def count_tokens(ctx: RequestContext, relayed: Relayed) -> None:
+def count_tokens(ctx: RequestContext, relayed: Relayed, prompt_estimate: int) -> None:
     """The tokens a request used, from the worker's usage: its final one, or for a cut stream the latest per-chunk
-    usage. A stream that carried tokens but no usage at all (a worker without continuous usage, cut early) counts
-    its token events, flagged as an estimate."""
+    usage. Without any usage from a worker that took the request (a non-streamed answer the client left before,
+    a worker that died, one without continuous usage), the prompt is estimated from the body's size and the
+    completion from the token events relayed, and the record says it is an estimate."""
     usage = relayed.usage
     if usage is not None:
         ctx.prompt_tokens, ctx.completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
         details = usage.get("prompt_tokens_details")
         ctx.cached_tokens = details.get("cached_tokens") if isinstance(details, dict) else None
-    elif relayed.events:
-        ctx.completion_tokens = relayed.events
+    elif ctx.timings.upstream_connect is not None and (relayed.events or not relayed.answered):
+        ctx.prompt_tokens, ctx.completion_tokens = prompt_estimate, relayed.events
         ctx.usage_estimated = True
 
 async def serve_hit(ctx: RequestContext, found: Lookup, sink: Sink, wants_usage: bool) -> None:

@@ -37,8 +37,12 @@ SCENARIOS = [  # name, concurrency, stream, max_tokens
 def policy(worker: str) -> dict[str, Any]:
     from gateway.auth import hash_key
 
-    return {"tenants": {"bench": {"tier": "standard", "keys": ["sha256:" + hash_key(KEY)]}},
+    # a price and a budget, so the ledger prices every request and the budget and anomaly checks run
+    return {"tenants": {"bench": {"tier": "standard", "keys": ["sha256:" + hash_key(KEY)],
+                                  "budget": {"period": "month", "limit_usd": 1e9}}},
             "models": {"sim-llama-8b": {"pool": "p"}},
+            "prices": {"models": {"sim-llama-8b": [{"effective": "2026-01-01", "input_per_m": 0.2,
+                                                     "output_per_m": 0.6}]}},
             "pools": {"p": {"workers": [worker], "max_connections": 512}}}
 
 

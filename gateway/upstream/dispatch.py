@@ -70,7 +70,10 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str,
                 continue
             finally:
                 _head_sent_at.reset(token)
-            ctx.timings.upstream_connect = (stamp[0] if stamp else time.perf_counter()) - sent_at
+                if stamp:  # the request reached the worker, even if the wait for its answer was cut short
+                    ctx.timings.upstream_connect = stamp[0] - sent_at
+            if not stamp:
+                ctx.timings.upstream_connect = time.perf_counter() - sent_at
             status = response.status
             if status in RETRYABLE_STATUS and attempt == 0 and pick(pool.workers, exclude) is not None:
                 response.close()

@@ -38,6 +38,7 @@ class Relayed:
     tokens arrived, whether the final usage event came, and (if asked) the answer's bytes."""
 
     usage: dict[str, Any] | None = None
+    answered: bool = False  # the worker's answer ended normally (a whole body, or a stream to its end)
     final_usage: bool = False
     events: int = 0
     first_at: float | None = None
@@ -130,6 +131,7 @@ async def relay_stream(ctx: RequestContext, worker: Worker, response: aiohttp.Cl
                         await sink.send(out, more=True)
                 chunk = await content.readany()
         response.release()  # finished: the connection goes back to the pool
+        relayed.answered = True
     except UpstreamError as exc:
         failure = exc
     tail = splitter.pending
@@ -160,6 +162,7 @@ async def relay_body(ctx: RequestContext, worker: Worker, response: aiohttp.Clie
     with worker_errors(worker, "head", cooldown_s):
         body = await response.read()
     response.release()
+    relayed.answered = True
     ctx.timings.first_byte()
     status = response.status
     if status >= 500:
