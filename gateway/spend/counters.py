@@ -65,6 +65,10 @@ class MemoryCounters:
         return True, spent, counter[1]
 
     async def settle(self, key: str, reserved: int, actual: int) -> tuple[int, int] | None:
+        return self.settle_now(key, reserved, actual)
+
+    def settle_now(self, key: str, reserved: int, actual: int) -> tuple[int, int] | None:
+        """``settle`` without a coroutine: in-process, the request path need not schedule anything."""
         counter = self._counters.get(key)
         if counter is None:
             return None

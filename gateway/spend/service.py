@@ -156,24 +156,31 @@ class Spend:
                                                                        tenant.anomaly.k)) is not None:
             self.alerts.raise_alert("spend_rate", "alert", webhook, tenant=tenant.name,
                                     hour_usd=round(rate[0], 6), usual_hourly_usd=round(rate[1], 6))
-        reservation: Reservation | None = ctx.reservation
+        reservation: Reservation | None = ctx.reservation  # type: ignore[assignment]
         if reservation is None and (tenant.budget is None or cost_usd <= 0):
             return
-        task = asyncio.get_running_loop().create_task(self._settle(ctx, tenant, reservation, cost_usd, webhook))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _settle(self, ctx: RequestContext, tenant: TenantView, reservation: Reservation | None,
-                      cost_usd: float, webhook: str | None) -> None:
         budget = reservation.budget if reservation else tenant.budget
         assert budget is not None
         key = reservation.key if reservation else period_key(tenant.name, budget, time.time())
+        amounts = (reservation.amount if reservation else 0, math.ceil(cost_usd * NANO))
+        if isinstance(self.counters, MemoryCounters):
+            self._settled(tenant, budget, key, self.counters.settle_now(key, *amounts), webhook)
+            return
+        task = asyncio.get_running_loop().create_task(self._settle(tenant, budget, key, amounts, webhook))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _settle(self, tenant: TenantView, budget: Budget, key: str, amounts: tuple[int, int],
+                      webhook: str | None) -> None:
         try:
-            result = await self.counters.settle(key, reservation.amount if reservation else 0,
-                                                math.ceil(cost_usd * NANO))
+            result = await self.counters.settle(key, *amounts)
         except Exception as exc:
             log.error("budget counter unavailable at settlement (%s); the ledger keeps the cost", exc)
             return
+        self._settled(tenant, budget, key, result, webhook)
+
+    def _settled(self, tenant: TenantView, budget: Budget, key: str, result: tuple[int, int] | None,
+                 webhook: str | None) -> None:
         if result is None:
             return
         spent, reserved = result
