@@ -150,6 +150,27 @@ def test_a_request_that_would_miss_its_deadline_is_shed_at_once() -> None:
     asyncio.run(main())
 
 
+def test_premium_is_not_refused_on_a_forecast_only_at_its_deadline() -> None:
+    async def main() -> None:
+        h = Harness(tiers={"premium": {"max_queue_wait_ms": 1600}})
+        running = [await h.admit(h.ctx("p1")), await h.admit(h.ctx("p1"))]
+        state = h.controller.pools["p"]
+        for i in range(10):  # it drains 2 requests a second: 5 ahead would forecast 2.5 s, past 1.6 s
+            state.completions.append(h.clock.now - 5 + i * 0.5)
+        waiting = [h.queue("p1") for _ in range(5)]
+        await settle()
+        assert state.queues["premium"].count == 5, "queued, not refused on the forecast"
+        h.release(running[0])
+        await settle()
+        assert state.queues["premium"].count == 4 and waiting[0].done(), "the next release goes to the first"
+        for task in waiting[1:]:
+            task.cancel()
+        for task in waiting[:1]:
+            h.release(task.result())
+        h.release(running[1])
+    asyncio.run(main())
+
+
 def test_a_queued_request_past_its_deadline_gets_429_and_leaves() -> None:
     async def main() -> None:
         h = Harness(tiers={"standard": {"max_queue_wait_ms": 50}})

@@ -185,7 +185,7 @@ class CachePolicy(Strict):
 
 class TierScheduling(Strict):
     max_queue_wait_ms: float | None = Field(None, gt=0, description="longest a request may wait in the gateway's "
-                                            "queue; default: half the tier's TTFT p95 SLO (batch: 10 minutes)")
+                                            "queue; default: 80% of the tier's TTFT p95 SLO (batch: 10 minutes)")
 
 
 class SchedulingPolicy(Strict):

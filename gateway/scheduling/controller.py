@@ -6,10 +6,11 @@
   the slots below it finish in lockstep (equal answers started together end together).
 - Inside a class, fair between tenants by tokens (queues.ClassQueue), FIFO inside a tenant.
 - Dispatch is event-driven: a release or a metrics update grants what now fits; nothing polls.
-- Deadlines: each class has a longest queue wait. A request whose predicted wait (the work ahead of it at the
-  measured drain rate) would pass it is answered at once with 429 and a Retry-After; one still queued at its
-  deadline gets the same. Queues are bounded in count and bytes; when full, the newest batch waiter is shed
-  first, then standard; premium is refused only when nothing lower is queued.
+- Deadlines: each class has a longest queue wait (80% of its TTFT SLO by default). A standard or batch request
+  whose predicted wait (the work ahead of it at the measured drain rate) would pass it is answered at once with
+  429 and a Retry-After; premium is not refused on a forecast; one still queued at its deadline gets the same.
+  Queues are bounded in count and bytes; when full, the newest batch waiter is shed first, then standard;
+  premium is refused only when nothing lower is queued.
 - A client that leaves while queued leaves the queue at once (its task is cancelled; nothing is sent upstream).
 
 The clock is injectable, so the rules are unit-tested without sleeping.
@@ -34,6 +35,9 @@ from gateway.workers_state import Worker
 
 BATCH_WAIT_S = 600.0
 _DEADLINE_MARGIN_S = 0.01
+# A class's longest queue wait, as a share of its TTFT p95 objective: the rest is left for prefill and the first
+# token (tens of milliseconds on these workers; the sources' scale-out bar is the same 80%).
+DEADLINE_SHARE = 0.8
 
 
 @dataclass
@@ -109,7 +113,10 @@ class Controller:
             state.granted += 1
             return
         deadline_s = self._max_wait(ctx, klass)
-        predicted = self._predicted_wait(state, klass, now)
+        # Premium is never refused on a forecast: slots free in waves, so the forecast is coarse, and a premium
+        # request served a little late costs less (one slow TTFT) than one refused (an error). It waits for its
+        # deadline. The other classes are refused at once when the forecast says they would miss theirs.
+        predicted = self._predicted_wait(state, klass, now) if klass != "premium" else None
         if predicted is not None and predicted > deadline_s:
             self._shed(klass, "predicted_wait")
             raise _too_busy(klass, predicted, "would wait past its class's deadline")
@@ -226,7 +233,7 @@ class Controller:
         if klass == "batch":
             return BATCH_WAIT_S
         tier = policy.tiers.get(klass)  # type: ignore[call-overload]
-        return (tier.slo.ttft_p95_ms if tier else 800.0) / 2000
+        return (tier.slo.ttft_p95_ms if tier else 800.0) * DEADLINE_SHARE / 1000
 
     def _tenant_take(self, ctx: RequestContext, cap: int) -> None:
         assert ctx.tenant is not None

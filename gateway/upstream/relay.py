@@ -96,14 +96,17 @@ class _UsageTap:
 
     def __call__(self, events: bytes) -> bytes:
         relayed = self.relayed
-        if b'"usage"' not in events:
+        at = events.rfind(_LAST_MEMBER)
+        if at < 0:
+            if b'"usage"' in events:
+                return self._general(events)
             relayed.events += events.count(b'"choices":[{')
             return events
-        at = events.rfind(_LAST_MEMBER)
-        if at > 0 and events.endswith(b"}\n\n") and events.find(b"\n\n") == len(events) - 2 \
-                and b'"choices":[{' in events:
-            raw = events[at + len(_LAST_MEMBER):-3]
-            if raw[:1] == b"{" and raw[-1:] == b"}" and b'},"' not in raw:
+        # one event (no boundary before the usage), a token chunk (not the final usage-only one), usage last
+        if events.endswith(b"}\n\n") and events.find(b"\n\n", 0, at) < 0 and \
+                events.find(b'"choices":[{', 0, at) > 0:
+            raw = events[at + 9:-3]
+            if raw[:1] == b"{" and b'},"' not in raw and b"\n" not in raw:
                 relayed.usage_raw = raw
                 relayed.events += 1
                 return events if self.keep_continuous else events[:at] + b"}\n\n"
