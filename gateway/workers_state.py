@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -37,7 +38,7 @@ class Worker:
     scraped_at: float = 0.0  # monotonic time of the last good metrics read
     learned_limit: int = 0  # the concurrency learned from the worker's metrics (scheduling.saturation)
     queued_reads: int = 0  # consecutive metrics reads with requests waiting in the engine
-    last_running: float = 0.0
+    recent_running: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=8))
 
     def available(self, now: float) -> bool:
         return self.healthy and now >= self.cooldown_until

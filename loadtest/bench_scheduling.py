@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--spec", default=str(ROOT / "loadtest" / "scenarios" / "overload-2x.yaml"))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", default="loadtest/results")
+    parser.add_argument("--duration", type=float, help="seconds of load per gateway (default: the scenario's)")
     args = parser.parse_args()
     spec = load_spec(args.spec)
     results: dict[str, Run] = {}
@@ -68,7 +69,7 @@ def main() -> None:
                 procs += sims
                 gateways[mode] = start_gateway(Path(tmp), gateway_policy([s.url for s in sims], mode))
                 procs.append(gateways[mode])
-            per_round = (spec.duration_s or 30) / args.rounds
+            per_round = (args.duration or spec.duration_s or 30) / args.rounds
             for i in range(args.rounds):
                 for mode in (("priority", "fifo") if i % 2 == 0 else ("fifo", "priority")):
                     part = asyncio.run(run(spec.model_copy(update={"duration_s": per_round}), gateways[mode].url))

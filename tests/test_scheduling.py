@@ -273,3 +273,12 @@ def test_worker_concurrency_is_learned_from_its_metrics() -> None:
     assert worker_slots(worker, spec, scheduling, now=110.0) == worker.inflight, "stale metrics: no new work"
     worker.kv_usage = 0.95
     assert worker_slots(worker, spec, scheduling, now=100.5) == worker.inflight, "KV nearly full: no new work"
+
+
+def test_churn_does_not_shrink_the_learned_limit() -> None:
+    """Short requests finishing and arriving between steps: reads catch 3 of 4 running with one waiting."""
+    worker = Worker("http://w", "p", healthy=True)
+    for running, waiting in ((4, 1), (3, 1), (3, 1), (4, 0), (3, 1), (3, 1), (3, 1)):
+        worker.running, worker.waiting = running, waiting
+        learn(worker, ceiling=4)
+    assert worker.learned_limit == 4, "the engine ran 4 in recent reads: that is its concurrency"

@@ -21,18 +21,20 @@ def learn(worker: Worker, ceiling: int) -> None:
     """Update the worker's learned concurrency after a metrics read.
 
     A request that arrived just before the scrape shows as waiting for one engine step even when the engine
-    has room, so only two reads in a row with requests waiting lower the limit (to the larger of the two
-    running counts)."""
+    has room, so only two reads in a row with requests waiting lower the limit, and to the most the engine
+    ran in its last eight reads, not at this one: under churn (short requests finishing and new ones arriving
+    between steps) a read often catches a slot in passing, and trusting it shrank the limit below what the
+    engine runs (measured: premium shed while a batch of short lines drained)."""
     current = worker.learned_limit or ceiling
+    worker.recent_running.append(worker.running)
     if worker.waiting > 0:
         if worker.queued_reads:
-            current = max(1, int(max(worker.running, worker.last_running)))
+            current = max(1, int(max(worker.recent_running)))
         worker.queued_reads += 1
     else:
         worker.queued_reads = 0
         if worker.running >= 0.9 * current:
             current = current + max(1, current // 4)
-    worker.last_running = worker.running
     worker.learned_limit = min(ceiling, current)
 
 
