@@ -255,10 +255,15 @@ def test_fifo_mode_admits_at_once() -> None:
 def test_worker_concurrency_is_learned_from_its_metrics() -> None:
     worker = Worker("http://w", "p", healthy=True)
     learn(worker, ceiling=64)
-    assert worker.learned_limit == 64
+    assert worker.learned_limit == 8, "it starts low, not at the ceiling"
+    worker.running = 8  # keeping up at the limit: probe upwards
+    learn(worker, ceiling=64)
+    assert worker.learned_limit == 10
+    learn(worker, ceiling=64)
+    assert worker.learned_limit == 10, "running 8 of 10: no need for more"
     worker.running, worker.waiting = 8, 3  # the engine runs 8 and queues the rest
     learn(worker, ceiling=64)
-    assert worker.learned_limit == 64, "one read with requests waiting may be a request between two steps"
+    assert worker.learned_limit == 10, "one read with requests waiting may be a request between two steps"
     learn(worker, ceiling=64)
     assert worker.learned_limit == 8, "two in a row: 8 is what it runs"
     worker.running, worker.waiting = 8, 0  # keeping up at its limit: probe upwards

@@ -8,13 +8,18 @@ every tier waits alike.
 Each worker's concurrency is learned from its metrics rather than trusted from configuration: when requests
 wait inside the engine, the number it runs is what it can run (vLLM's max_num_seqs, or fewer when the KV
 cache is the limit), and the limit drops to it; while the engine keeps up near the limit, the limit probes
-upwards by a quarter, up to the pool's max_inflight_per_worker.
+upwards by a quarter, up to the pool's max_inflight_per_worker. It starts at START_LIMIT, not the ceiling.
 """
 
 from __future__ import annotations
 
 from gateway.policy.schema import Pool, SchedulingPolicy
 from gateway.workers_state import Worker
+
+# A worker's concurrency before anything is learned: start low and probe up (by a quarter a read while the
+# engine keeps up), rather than at the ceiling. Started at the ceiling, a burst of batch lines arriving first
+# went straight into the engines' own queues, and premium requests then waited behind them (measured).
+START_LIMIT = 8
 
 
 def learn(worker: Worker, ceiling: int) -> None:
@@ -25,7 +30,7 @@ def learn(worker: Worker, ceiling: int) -> None:
     ran in its last eight reads, not at this one: under churn (short requests finishing and new ones arriving
     between steps) a read often catches a slot in passing, and trusting it shrank the limit below what the
     engine runs (measured: premium shed while a batch of short lines drained)."""
-    current = worker.learned_limit or ceiling
+    current = worker.learned_limit or min(ceiling, START_LIMIT)
     worker.recent_running.append(worker.running)
     if worker.waiting > 0:
         if worker.queued_reads:
@@ -46,7 +51,7 @@ def worker_slots(worker: Worker, spec: Pool, scheduling: SchedulingPolicy, now: 
         return worker.inflight  # unknown, or nearly out of KV cache: nothing new until it reports room
     # A worker that queued requests at its last scrape has had its limit lowered to what it runs (learn());
     # from there the gateway's own in-flight count, fresher than any scrape, says when a slot is free.
-    return worker.learned_limit or spec.max_inflight_per_worker
+    return worker.learned_limit or min(spec.max_inflight_per_worker, START_LIMIT)
 
 
 def capacity(workers: list[Worker], spec: Pool, scheduling: SchedulingPolicy, now: float) -> int:
