@@ -41,6 +41,7 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
     ctx.service_class = lower_class(ctx.tenant.tier, service_class)
     try:
         call = await openai_api.prepare(ctx, raw)
+        await gw.ratelimit.check(ctx.tenant, call.cost)  # requests and worst-case tokens per minute
         decision = await decide(gw.cache, ctx, call.body, cache_control, gw.metrics)
         if decision is not None and decision.hit:
             assert decision.lookup is not None

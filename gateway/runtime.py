@@ -14,6 +14,7 @@ from gateway.ledger.writer import LedgerWriter
 from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import PolicyError, PolicySnapshot, PolicyStore
 from gateway.policy.schema import CachePolicy
+from gateway.ratelimit import RateLimiter
 from gateway.scaling import Autoscaler
 from gateway.scheduling.controller import Controller
 from gateway.spend.alerts import Alerts
@@ -32,6 +33,7 @@ class Gateway:
         self.alerts = Alerts(self.metrics, data_dir / "alerts.jsonl" if data_dir is not None else None)
         self.spend = Spend(self.metrics, self.alerts, ledger.store if ledger is not None else None)
         self.autoscaler = Autoscaler(self.metrics)
+        self.ratelimit = RateLimiter()
         self.scheduler = Controller(self.metrics)
         self.upstreams = Upstreams(self.metrics, traces=[connect_trace()], on_metrics=self._on_metrics)
         self.cache: SemanticCache | None = None
@@ -43,6 +45,7 @@ class Gateway:
         await self.upstreams.reconcile(self.store.current.policy.pools)
         await self._reconcile_cache(self.store.current.policy.cache)
         self.spend.reconcile(self.store.current.policy.spend)
+        self.ratelimit.reconcile(self.store.current.policy.spend.redis_url)
         self.store.listeners.append(self._on_policy)
         self.store.rejection_listeners.append(self._on_policy_rejected)
         self._spawn(self.store.watch())
@@ -99,6 +102,7 @@ class Gateway:
         self._spawn(self.upstreams.reconcile(snapshot.policy.pools))
         self._spawn(self._reconcile_cache(snapshot.policy.cache))
         self.spend.reconcile(snapshot.policy.spend)
+        self.ratelimit.reconcile(snapshot.policy.spend.redis_url)
 
     def _on_policy_rejected(self, error: PolicyError) -> None:
         self.metrics.policy_reloads.labels("error").inc()

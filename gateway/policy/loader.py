@@ -26,7 +26,7 @@ import orjson
 import yaml
 from pydantic import ValidationError
 
-from gateway.policy.schema import AnomalyRule, Budget, Policy, Tier, cross_reference_errors
+from gateway.policy.schema import AnomalyRule, Budget, Policy, RateLimit, Tier, cross_reference_errors
 
 log = logging.getLogger("tollgate.policy")
 
@@ -52,6 +52,7 @@ class TenantView:
     cache: bool = True  # False: opted out of the response cache
     weight: float = 1.0  # share of its class's capacity under contention
     budget: Budget | None = None
+    rate_limit: RateLimit | None = None
     anomaly: AnomalyRule = field(default_factory=AnomalyRule)  # the tenant's own rule, else its tier's
 
     def may_use(self, model: str) -> bool:
@@ -79,7 +80,7 @@ class PolicySnapshot:
                 max_tokens_default=tier.max_tokens_default,
                 max_tokens_cap=tenant.max_tokens_cap or tier.max_tokens_cap,
                 on_exceed=tier.on_exceed, cache=tenant.cache, weight=tenant.weight,
-                budget=tenant.budget, anomaly=tenant.anomaly or tier.anomaly,
+                budget=tenant.budget, rate_limit=tenant.rate_limit, anomaly=tenant.anomaly or tier.anomaly,
             )
             tenants[name] = view
             for key in tenant.keys:

@@ -51,6 +51,12 @@ class TierPolicy(Strict):
     anomaly: AnomalyRule = AnomalyRule()
 
 
+class RateLimit(Strict):
+    requests_per_minute: int | None = Field(None, ge=1)
+    tokens_per_minute: int | None = Field(None, ge=1, description="counted at admission as prompt estimate + "
+                                          "max_tokens, as OpenAI counts its own")
+
+
 class Budget(Strict):
     period: Literal["day", "month"] = "month"  # UTC calendar
     limit_usd: float = Field(gt=0)
@@ -65,6 +71,7 @@ class Tenant(Strict):
     cache: bool = Field(True, description="false opts the tenant out of the response cache")
     weight: float = Field(1.0, gt=0, description="share of its class's capacity under contention (in tokens)")
     budget: Budget | None = Field(None, description="a hard limit on spend per period (429 insufficient_quota)")
+    rate_limit: RateLimit | None = Field(None, description="requests and tokens per minute (429 + Retry-After)")
     anomaly: AnomalyRule | None = Field(None, description="overrides the tier's cost-anomaly rule")
 
     @field_validator("keys")
@@ -257,8 +264,8 @@ class LedgerPolicy(Strict):
 class SpendPolicy(Strict):
     """Where budgets are counted and where alerts go."""
 
-    redis_url: str | None = Field(None, description="budgets shared by every replica (atomic in Redis); "
-                                  "unset: counted in this process (one replica)")
+    redis_url: str | None = Field(None, description="budgets and rate limits shared by every replica (atomic in "
+                                  "Redis); unset: counted in this process (one replica)")
     webhook_url: AnyHttpUrl | None = Field(None, description="budget alerts and cost anomalies are POSTed here")
 
 

@@ -1,0 +1,117 @@
+"""Tenant rate limits: requests and tokens per minute, over a sliding window, atomic across replicas in Redis.
+
+Tokens are counted as OpenAI counts them for its own limits: at admission, the request's worst case (the
+prompt estimated from the body's size plus max_tokens), so a burst cannot pass the limit on answers not yet
+written. The window is the current minute plus the previous one weighted by how much of it still overlaps
+the last 60 seconds (the sliding-window counter). Over the limit: 429 ``rate_limit_exceeded`` with a
+Retry-After of the seconds until the next minute's window begins. With Redis configured
+(``spend.redis_url``) every replica shares the counts (one Lua step checks and adds both); otherwise they are
+this process's. If Redis fails the request is let through and logged (a limit is not worth refusing all
+traffic over).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from gateway.openai_api import ApiError
+from gateway.policy.loader import TenantView
+from gateway.policy.schema import RateLimit
+
+log = logging.getLogger("tollgate.ratelimit")
+WINDOW_S = 60
+
+_CHECK = """
+local allowed = 1
+local wait = 0
+for i = 0, 1 do
+  local limit = tonumber(ARGV[3 + i])
+  if limit > 0 then
+    local cur = tonumber(redis.call('get', KEYS[1 + 2 * i]) or '0')
+    local prev = tonumber(redis.call('get', KEYS[2 + 2 * i]) or '0')
+    local seen = prev * tonumber(ARGV[5]) + cur
+    local cost = tonumber(ARGV[1 + i])
+    if seen + cost > limit then
+      allowed = 0
+      wait = math.max(wait, tonumber(ARGV[6]))
+    end
+  end
+end
+if allowed == 1 then
+  for i = 0, 1 do
+    redis.call('incrby', KEYS[1 + 2 * i], ARGV[1 + i])
+    redis.call('expire', KEYS[1 + 2 * i], 130)
+  end
+end
+return {allowed, wait}
+"""
+
+
+def _window(now: float) -> tuple[int, float]:
+    """The current window number and the previous window's weight (its share still inside the last minute)."""
+    index = int(now // WINDOW_S)
+    return index, 1.0 - (now - index * WINDOW_S) / WINDOW_S
+
+
+class RateLimiter:
+    def __init__(self) -> None:
+        self._memory: dict[tuple[str, str, int], int] = {}
+        self._redis_url: str | None = None
+        self._redis: object | None = None
+        self._script: object | None = None
+
+    def reconcile(self, redis_url: str | None) -> None:
+        if redis_url != self._redis_url:
+            self._redis_url = redis_url
+            self._redis = self._script = None
+            if redis_url:
+                import redis.asyncio as redis
+
+                client = redis.Redis.from_url(redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
+                self._redis, self._script = client, client.register_script(_CHECK)
+
+    async def check(self, tenant: TenantView, tokens: int, now: float | None = None) -> None:
+        """Count one request of ``tokens`` (worst case) for the tenant, or raise 429 when it would pass a limit."""
+        limit = tenant.rate_limit
+        if limit is None:
+            return
+        now = time.time() if now is None else now
+        index, weight = _window(now)
+        until_next = math.ceil((index + 1) * WINDOW_S - now)
+        rpm, tpm = limit.requests_per_minute or 0, limit.tokens_per_minute or 0
+        if self._script is not None:
+            keys = [f"tollgate:rl:{tenant.name}:{kind}:{w}" for kind in ("r", "t") for w in (index, index - 1)]
+            try:
+                allowed, _ = await self._script(keys=keys, args=[1, tokens, rpm, tpm, weight, until_next])  # type: ignore[operator]
+            except Exception as exc:
+                log.error("rate-limit store unavailable (%s): %s not limited", exc, tenant.name)
+                return
+        else:
+            allowed = self._check_memory(tenant.name, index, weight, ((1, rpm), (tokens, tpm)))
+        if not allowed:
+            raise self._refused(tenant, limit, tokens, until_next)
+
+    def _check_memory(self, name: str, index: int, weight: float, costs: tuple[tuple[int, int], ...]) -> bool:
+        kinds = ("r", "t")
+        for kind, (cost, cap) in zip(kinds, costs, strict=True):
+            seen = self._memory.get((name, kind, index - 1), 0) * weight + self._memory.get((name, kind, index), 0)
+            if cap and seen + cost > cap:
+                return False
+        for kind, (cost, _) in zip(kinds, costs, strict=True):
+            self._memory[(name, kind, index)] = self._memory.get((name, kind, index), 0) + cost
+        for key in [k for k in self._memory if k[2] < index - 1]:
+            del self._memory[key]
+        return True
+
+    @staticmethod
+    def _refused(tenant: TenantView, limit: RateLimit, tokens: int, wait_s: int) -> ApiError:
+        parts = []
+        if limit.requests_per_minute:
+            parts.append(f"{limit.requests_per_minute} requests")
+        if limit.tokens_per_minute:
+            parts.append(f"{limit.tokens_per_minute} tokens (this request counts {tokens}: prompt + max_tokens)")
+        return ApiError(429, f"Rate limit reached for tenant '{tenant.name}': {' and '.join(parts)} per minute. "
+                        f"Retry after {wait_s} s.", "rate_limit_error", "rate_limit_exceeded",
+                        headers=[(b"retry-after", str(max(1, wait_s)).encode())])
