@@ -31,7 +31,7 @@ def snapshot(**scheduling: Any) -> PolicySnapshot:
                     "heavy": {"tier": "standard", "weight": 1.0}, "b1": {"tier": "batch"}},
         "models": {"m": {"pool": "p"}},
         "pools": {"p": {"workers": ["http://w1"], "max_inflight_per_worker": 2}},
-        "scheduling": {"batch_headroom": 0.0, "premium_reserve": 0.0, **scheduling}})
+        "scheduling": {"batch_headroom": 0.0, "premium_reserve": 0.0, "tenant_headroom": 0.0, **scheduling}})
     return PolicySnapshot.build(policy, "test")
 
 
@@ -199,6 +199,27 @@ def test_a_client_that_leaves_the_queue_takes_nothing_with_it() -> None:
         await settle()
         assert staying.done() and h.granted[-1] == "s2", "the next one in line got the slot"
         assert h.controller.tenant_inflight == {"s2": 2}, "the leaver's tenant count was given back"
+    asyncio.run(main())
+
+
+def test_a_flooding_tenant_leaves_a_slot_for_another_active_tenant() -> None:
+    async def main() -> None:
+        h = Harness(tenant_headroom=0.1)
+        h.worker.learned_limit = 8
+        alone = [await h.admit(h.ctx("s1")) for _ in range(8)]
+        assert len(alone) == 8, "a lone tenant may use every slot"
+        for ctx in alone:
+            h.release(ctx)
+        h.release(await h.admit(h.ctx("s2")))  # a second tenant has used the pool this minute
+        flood = [h.queue("s1") for _ in range(12)]
+        await settle()
+        state = h.controller.pools["p"]
+        assert state.held == {"s1": 7} and state.queues["standard"].count == 5, "one slot (10%) left free"
+        quiet = h.queue("s2")
+        await settle()
+        assert quiet.done(), "the quiet tenant starts at once beside the flood"
+        for task in flood:
+            task.cancel()
     asyncio.run(main())
 
 

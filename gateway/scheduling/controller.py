@@ -35,6 +35,7 @@ from gateway.workers_state import Worker
 
 BATCH_WAIT_S = 600.0
 _DEADLINE_MARGIN_S = 0.01
+ACTIVE_S = 60.0  # a tenant that asked this recently counts as using the pool
 # A class's longest queue wait, as a share of its TTFT p95 objective: the rest is left for prefill and the first
 # token (tens of milliseconds on these workers; the sources' scale-out bar is the same 80%).
 DEADLINE_SHARE = 0.8
@@ -48,9 +49,35 @@ class PoolState:
     workers: list[Worker]
     spec: Pool
     granted: int = 0  # admitted and not yet released
+    held: dict[str, int] = field(default_factory=dict)  # granted, by tenant
+    seen: dict[tuple[str, str], float] = field(default_factory=dict)  # (class, tenant) -> when it last asked
     queues: dict[str, ClassQueue] = field(default_factory=lambda: {t: ClassQueue() for t in TIERS})
     queued_bytes: int = 0
     completions: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=256))
+
+    def take(self, tenant: str) -> None:
+        self.granted += 1
+        self.held[tenant] = self.held.get(tenant, 0) + 1
+
+    def give(self, tenant: str) -> None:
+        self.granted -= 1
+        left = self.held.get(tenant, 1) - 1
+        if left > 0:
+            self.held[tenant] = left
+        else:
+            self.held.pop(tenant, None)
+
+    def tenant_cap(self, klass: str, total: int, scheduling: SchedulingPolicy, now: float) -> int | None:
+        """The most slots one tenant may hold while other tenants of its class use the pool: it leaves
+        ``tenant_headroom`` free, so another tenant's request starts at once instead of waiting for a release.
+        None (no cap) while only one tenant of the class has asked in the last minute: a lone tenant may use
+        everything (between classes, priority decides)."""
+        if not scheduling.tenant_headroom:
+            return None
+        active = sum(1 for (k, _), t in self.seen.items() if k == klass and now - t < ACTIVE_S)
+        if active < 2:
+            return None
+        return total - _share(total, scheduling.tenant_headroom)
 
     def drain_rate(self, now: float, window: float = 10.0) -> float:
         """Requests finished per second over the recent window (0 when unknown)."""
@@ -80,8 +107,7 @@ class Controller:
         self._tenant_take(ctx, policy.server.tenant_max_concurrency)
         try:
             if policy.scheduling.mode == "fifo":
-                state = self._state(pool_name, workers, spec)
-                state.granted += 1
+                self._state(pool_name, workers, spec).take(ctx.tenant.name)
             else:
                 await self._wait_turn(ctx, self._state(pool_name, workers, spec), policy.scheduling, cost, size)
         except BaseException:
@@ -95,7 +121,7 @@ class Controller:
         state = self.pools.get(pool_name)
         if state is None:
             return
-        state.granted -= 1
+        state.give(ctx.tenant.name if ctx.tenant else "")
         state.completions.append(self.clock())
         self.dispatch(state, ctx.snapshot.policy.scheduling)
 
@@ -109,8 +135,10 @@ class Controller:
             # nothing to wait for: every worker is down or cooling down
             raise ApiError(503, f"No healthy worker serves the model '{ctx.model}' right now.", "server_error",
                            "upstream_unavailable")
-        if self._fits_now(state, scheduling, klass, now):
-            state.granted += 1
+        tenant = ctx.tenant.name if ctx.tenant else ""
+        state.seen[(klass, tenant)] = now
+        if self._fits_now(state, scheduling, klass, now, tenant=tenant):
+            state.take(tenant)
             return
         deadline_s = self._max_wait(ctx, klass)
         # Premium is never refused on a forecast: slots free in waves, so the forecast is coarse, and a premium
@@ -121,11 +149,10 @@ class Controller:
             self._shed(klass, "predicted_wait")
             raise _too_busy(klass, predicted, "would wait past its class's deadline")
         self._make_room(state, scheduling, klass, size)
-        waiter = Waiter(ctx, ctx.tenant.name if ctx.tenant else "", ctx.tenant.weight if ctx.tenant else 1.0,
-                        cost, size, now)
+        waiter = Waiter(ctx, tenant, ctx.tenant.weight if ctx.tenant else 1.0, cost, size, now)
         state.queues[klass].push(waiter)
         state.queued_bytes += size
-        self._publish_depth(state)
+        self.dispatch(state, scheduling)  # a free slot that the tenants ahead may not take can be this one's
         try:
             # a little before the deadline, so that a grant racing the timer still starts within it
             await asyncio.wait_for(asyncio.shield(waiter.future), timeout=max(0.0, deadline_s - _DEADLINE_MARGIN_S))
@@ -140,25 +167,28 @@ class Controller:
                             "waited its class's longest queue wait") from None
         except asyncio.CancelledError:  # the client left (or the server stops)
             if waiter.future.done() and waiter.future.exception() is None:
-                state.granted -= 1  # granted but never started: give the slot to the next one
+                state.give(tenant)  # granted but never started: give the slot to the next one
                 self.dispatch(state, scheduling)
             else:
                 self._forget(state, waiter)
             raise
 
     def dispatch(self, state: PoolState, scheduling: SchedulingPolicy) -> None:
-        """Grant queued requests while capacity allows, in priority order."""
+        """Grant queued requests while capacity allows, in priority order (skipping tenants at their cap)."""
         now = self.clock()
         while True:
             klass = next((k for k in TIERS if state.queues[k].count), None)
             if klass is None or not self._fits_now(state, scheduling, klass, now, queued=True):
                 break
-            waiter = state.queues[klass].pop()
-            assert waiter is not None
+            cap = state.tenant_cap(klass, capacity(state.workers, state.spec, scheduling, now), scheduling, now)
+            capped = {t for t, n in state.held.items() if n >= cap} if cap is not None else set()
+            waiter = state.queues[klass].pop(skip=capped)
+            if waiter is None:
+                break  # only tenants at their cap wait in the top class: the slot stays free for others
             state.queued_bytes -= waiter.size
             if waiter.future.done():
                 continue
-            state.granted += 1
+            state.take(waiter.tenant)
             waiter.future.set_result(None)
         self._publish_depth(state)
 
@@ -169,12 +199,15 @@ class Controller:
             self.dispatch(state, scheduling)
 
     def _fits_now(self, state: PoolState, scheduling: SchedulingPolicy, klass: str, now: float,
-                  queued: bool = False) -> bool:
+                  queued: bool = False, tenant: str | None = None) -> bool:
         """May a request of ``klass`` start now? (``queued``: it is the head of its queue, nothing ahead.)"""
         if not queued and any(state.queues[k].count for k in TIERS[: TIERS.index(klass) + 1]):
             return False  # others of its class or above are waiting first
         total = capacity(state.workers, state.spec, scheduling, now)
         free = total - state.granted
+        if tenant is not None and (cap := state.tenant_cap(klass, total, scheduling, now)) is not None \
+                and state.held.get(tenant, 0) >= cap:
+            return False
         if klass == "premium":
             return free > 0
         reserve = _share(total, scheduling.premium_reserve)

@@ -43,11 +43,14 @@ class ClassQueue:
         fifo.append(waiter)
         self.count += 1
 
-    def pop(self) -> Waiter | None:
-        """The next waiter: the head of the tenant with the lowest virtual time."""
+    def pop(self, skip: set[str] | frozenset[str] = frozenset()) -> Waiter | None:
+        """The next waiter: the head of the tenant with the lowest virtual time (not one of ``skip``)."""
         if not self.count:
             return None
-        tenant = min(self.tenants, key=self.virtual.__getitem__)
+        candidates = [t for t in self.tenants if t not in skip] if skip else self.tenants
+        if not candidates:
+            return None
+        tenant = min(candidates, key=self.virtual.__getitem__)
         fifo = self.tenants[tenant]
         waiter = fifo.popleft()
         self.now = self.virtual[tenant]
