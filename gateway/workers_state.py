@@ -38,6 +38,7 @@ class Worker:
     scraped_at: float = 0.0  # monotonic time of the last good metrics read
     learned_limit: int = 0  # the concurrency learned from the worker's metrics (scheduling.saturation)
     queued_reads: int = 0  # consecutive metrics reads with requests waiting in the engine
+    hold_reads: int = 0  # reads left before the learned limit may probe upwards again
     recent_running: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=8))
 
     def available(self, now: float) -> bool:

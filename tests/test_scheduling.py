@@ -13,7 +13,7 @@ from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Policy
 from gateway.scheduling.controller import Controller
 from gateway.scheduling.queues import ClassQueue, Waiter
-from gateway.scheduling.saturation import learn, worker_slots
+from gateway.scheduling.saturation import HOLD_READS, learn, worker_slots
 from gateway.workers_state import Worker
 
 
@@ -287,9 +287,12 @@ def test_worker_concurrency_is_learned_from_its_metrics() -> None:
     assert worker.learned_limit == 10, "one read with requests waiting may be a request between two steps"
     learn(worker, ceiling=64)
     assert worker.learned_limit == 8, "two in a row: 8 is what it runs"
-    worker.running, worker.waiting = 8, 0  # keeping up at its limit: probe upwards
+    worker.running, worker.waiting = 8, 0  # keeping up at its limit: not above it again at once
+    for _ in range(HOLD_READS):
+        learn(worker, ceiling=64)
+    assert worker.learned_limit == 8, "held at what the engine showed for a while"
     learn(worker, ceiling=64)
-    assert worker.learned_limit == 10
+    assert worker.learned_limit == 10, "then probing upwards again"
     snap = snapshot()
     spec, scheduling = snap.policy.pools["p"], snap.policy.scheduling
     worker.scraped_at = 100.0
