@@ -218,6 +218,12 @@ def test_a_flooding_tenant_leaves_a_slot_for_another_active_tenant() -> None:
         quiet = h.queue("s2")
         await settle()
         assert quiet.done(), "the quiet tenant starts at once beside the flood"
+        h.release(next(t for t in flood if t.done()).result())  # a flood request ends: the flood may not refill
+        await settle()
+        assert state.held == {"s1": 6, "s2": 1} and state.granted == 7, "one slot stays free for the quiet one"
+        again = h.queue("s2")
+        await settle()
+        assert again.done(), "so its next request starts at once too"
         for task in flood:
             task.cancel()
     asyncio.run(main())

@@ -67,17 +67,18 @@ class PoolState:
         else:
             self.held.pop(tenant, None)
 
-    def tenant_cap(self, klass: str, total: int, scheduling: SchedulingPolicy, now: float) -> int | None:
-        """The most slots one tenant may hold while other tenants of its class use the pool: it leaves
-        ``tenant_headroom`` free, so another tenant's request starts at once instead of waiting for a release.
-        None (no cap) while only one tenant of the class has asked in the last minute: a lone tenant may use
-        everything (between classes, priority decides)."""
+    def blocked_tenants(self, klass: str, total: int, scheduling: SchedulingPolicy, now: float) -> set[str]:
+        """Tenants of ``klass`` that may not take the next slot: those holding at least their fair share (the
+        capacity over the class's tenants active in the last minute) when taking it would leave fewer than
+        ``tenant_headroom`` of the slots free. So a flooding tenant always leaves room, and a quiet tenant's
+        request starts at once instead of waiting for a release. A lone tenant is never blocked."""
         if not scheduling.tenant_headroom:
-            return None
-        active = sum(1 for (k, _), t in self.seen.items() if k == klass and now - t < ACTIVE_S)
-        if active < 2:
-            return None
-        return total - _share(total, scheduling.tenant_headroom)
+            return set()
+        active = [tenant for (k, tenant), t in self.seen.items() if k == klass and now - t < ACTIVE_S]
+        if len(active) < 2 or total - self.granted - 1 >= _share(total, scheduling.tenant_headroom):
+            return set()
+        fair = total / len(active)
+        return {tenant for tenant in active if self.held.get(tenant, 0) >= fair}
 
     def drain_rate(self, now: float, window: float = 10.0) -> float:
         """Requests finished per second over the recent window (0 when unknown)."""
@@ -180,11 +181,11 @@ class Controller:
             klass = next((k for k in TIERS if state.queues[k].count), None)
             if klass is None or not self._fits_now(state, scheduling, klass, now, queued=True):
                 break
-            cap = state.tenant_cap(klass, capacity(state.workers, state.spec, scheduling, now), scheduling, now)
-            capped = {t for t, n in state.held.items() if n >= cap} if cap is not None else set()
-            waiter = state.queues[klass].pop(skip=capped)
+            blocked = state.blocked_tenants(klass, capacity(state.workers, state.spec, scheduling, now), scheduling,
+                                            now)
+            waiter = state.queues[klass].pop(skip=blocked)
             if waiter is None:
-                break  # only tenants at their cap wait in the top class: the slot stays free for others
+                break  # only tenants over their share wait in the top class: the slot stays free for others
             state.queued_bytes -= waiter.size
             if waiter.future.done():
                 continue
@@ -205,8 +206,7 @@ class Controller:
             return False  # others of its class or above are waiting first
         total = capacity(state.workers, state.spec, scheduling, now)
         free = total - state.granted
-        if tenant is not None and (cap := state.tenant_cap(klass, total, scheduling, now)) is not None \
-                and state.held.get(tenant, 0) >= cap:
+        if tenant is not None and tenant in state.blocked_tenants(klass, total, scheduling, now):
             return False
         if klass == "premium":
             return free > 0
@@ -298,8 +298,9 @@ class Controller:
     def snapshot(self) -> dict[str, object]:
         """What GET /admin/queues shows."""
         now = self.clock()
-        return {name: {"granted": s.granted, "drain_rate_per_s": round(s.drain_rate(now), 2),
-                       "queued_bytes": s.queued_bytes,
+        return {name: {"granted": s.granted, "granted_by_tenant": dict(s.held),
+                       "drain_rate_per_s": round(s.drain_rate(now), 2), "queued_bytes": s.queued_bytes,
+                       "learned_limits": {w.url: w.learned_limit for w in s.workers},
                        "classes": {k: {"depth": q.count, "oldest_wait_s": round(q.oldest_wait(now), 3),
                                        "by_tenant": q.depth_by_tenant()} for k, q in s.queues.items()}}
                 for name, s in self.pools.items()}
