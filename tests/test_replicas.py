@@ -1,0 +1,138 @@
+"""Two gateway replicas behind real nginx (deploy/nginx/tollgate.conf), sharing Redis and PostgreSQL: cache
+hits shared, a budget held across both, and one replica SIGKILLed mid-load without losing a ledger record of an
+answer that finished more than a second before the kill."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from gateway.auth import hash_key
+from tests.conftest import ROOT, Proc, policy_dict, wait_for
+from workers.process import free_port
+
+MODEL = "sim-llama-8b"
+REDIS = "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture
+def nginx(tmp_path: Path) -> Iterator[Callable[[list[int]], str]]:
+    """Start nginx with the deploy/ conf in front of the given replica ports; returns its URL."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(ports: list[int]) -> str:
+        binary = shutil.which("nginx") or "/usr/sbin/nginx"
+        listen = free_port()
+        conf = (ROOT / "deploy" / "nginx" / "tollgate.conf").read_text()
+        conf = conf.replace("server 127.0.0.1:8081", f"server 127.0.0.1:{ports[0]}")
+        conf = conf.replace("server 127.0.0.1:8082", f"server 127.0.0.1:{ports[1]}")
+        conf = conf.replace("listen 8080 reuseport;", f"listen 127.0.0.1:{listen};")
+        (tmp_path / "tollgate.conf").write_text(conf)
+        (tmp_path / "nginx.conf").write_text(
+            f"pid {tmp_path}/nginx.pid;\nerror_log {tmp_path}/nginx-error.log;\nworker_processes 1;\n"
+            f"events {{}}\nhttp {{\n  access_log off;\n  client_body_temp_path {tmp_path}/body;\n"
+            f"  proxy_temp_path {tmp_path}/proxy;\n  include {tmp_path}/tollgate.conf;\n}}\n")
+        proc = subprocess.Popen([binary, "-c", str(tmp_path / "nginx.conf"), "-p", str(tmp_path), "-g",
+                                 "daemon off;"], stderr=subprocess.DEVNULL)
+        procs.append(proc)
+        url = f"http://127.0.0.1:{listen}"
+
+        def up() -> bool:
+            try:
+                return httpx.get(url + "/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+        assert wait_for(up, timeout=10), (tmp_path / "nginx-error.log").read_text()
+        return url
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        proc.wait(10)
+
+
+def ask(url: str, key: str, question: str, max_tokens: int = 8) -> httpx.Response:
+    return httpx.post(url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                      json={"model": MODEL, "max_tokens": max_tokens,
+                            "messages": [{"role": "user", "content": question}]})
+
+
+def test_two_replicas_behind_nginx_share_cache_budget_and_ledger(
+        start_gateway: Callable[..., Proc], start_sim: Callable[..., Proc],
+        nginx: Callable[[list[int]], str], pg_dsn: str) -> None:
+    sim = start_sim("--decode-base-ms", "5")
+    run = uuid.uuid4().hex[:8]
+    key, capped_key = f"tg-test-rep-{run}", f"tg-test-rep-capped-{run}"
+    policy = policy_dict([sim.url])
+    policy["tenants"][f"rep-{run}"] = {"tier": "standard", "keys": ["sha256:" + hash_key(key)]}
+    policy["tenants"][f"capped-{run}"] = {"tier": "standard", "keys": ["sha256:" + hash_key(capped_key)],
+                                          "budget": {"period": "day", "limit_usd": 0.0002}}
+    policy["cache"] = {"enabled": True, "store": "redis", "redis_url": REDIS}
+    policy["spend"] = {"redis_url": REDIS}
+    policy["ledger"] = {"store": "postgres", "postgres_dsn": pg_dsn}
+    replicas = [start_gateway(policy), start_gateway(policy)]
+    url = nginx([r.port for r in replicas])
+
+    # the cache: an answer stored by one replica is a hit on the other
+    question = f"What is the capital of France? ({run})"
+    first = httpx.post(replicas[0].url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                       json={"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": question}]})
+    assert first.status_code == 200 and first.headers["x-tollgate-cache"] == "miss"
+
+    def hit_on_the_other() -> bool:
+        response = httpx.post(replicas[1].url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                              json={"model": MODEL, "max_tokens": 8,
+                                    "messages": [{"role": "user", "content": question}]})
+        return response.headers.get("x-tollgate-cache") == "hit-exact"
+    assert wait_for(hit_on_the_other, timeout=15)
+    through = ask(url, key, question)
+    assert through.status_code == 200 and through.headers["x-tollgate-cache"] == "hit-exact"
+
+    # a stream through nginx arrives as events, not at the end
+    with httpx.stream("POST", url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                      json={"model": MODEL, "max_tokens": 40, "stream": True,
+                            "messages": [{"role": "user", "content": f"count to forty {run}"}]}) as response:
+        arrivals = [time.perf_counter() for line in response.iter_lines() if line.startswith("data:")]
+    assert len(arrivals) > 10 and arrivals[-1] - arrivals[0] > 0.05, "unbuffered through nginx"
+
+    # the budget holds across both replicas
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda i: ask(url, capped_key, f"budget question {i} {run}", 30), range(30)))
+    assert {a.status_code for a in answers} == {200, 429}
+    assert all(a.json()["error"]["code"] == "insufficient_quota" for a in answers if a.status_code == 429)
+
+    # one replica SIGKILLed mid-load: nginx sends the rest to the other; every answer that finished more than
+    # a second before the kill (or after it) is in the ledger
+    finished: list[tuple[str, float]] = []
+    killed_at: list[float] = []
+
+    def one(i: int) -> None:
+        if i == 40:
+            killed_at.append(time.time())
+            os.kill(replicas[0].pid, signal.SIGKILL)
+        try:
+            response = ask(url, key, f"load question {i} {run}")
+        except httpx.HTTPError:
+            return
+        if response.status_code == 200:
+            finished.append((response.headers["x-request-id"], time.time()))
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, range(100)))
+    assert len(finished) >= 90, "nginx moved the load to the surviving replica"
+
+    def recorded() -> set[str]:
+        with psycopg.connect(pg_dsn) as db:
+            return {r[0] for r in db.execute("SELECT request_id FROM ledger WHERE tenant = %s", (f"rep-{run}",))}
+    must = {rid for rid, at in finished if not (killed_at[0] - 1.0 <= at <= killed_at[0])}
+    assert wait_for(lambda: must <= recorded(), timeout=15), sorted(must - recorded())[:5]
