@@ -78,12 +78,13 @@ class Completions:
             accounting.finish(ctx, gw.metrics, gw.ledger, gw.spend)
 
 
-def create_app(store: PolicyStore, data_dir: Path | None = None) -> HotPaths:
+def create_app(store: PolicyStore, data_dir: Path | None = None, share: tuple[int, int] = (0, 1)) -> HotPaths:
     """The gateway app. ``data_dir`` holds what must survive a restart (batch files and state, the SQLite ledger
-    and its spool); without one the Batch API is not served and requests are not recorded in a ledger."""
+    and its spool); without one the Batch API is not served and requests are not recorded in a ledger.
+    ``share`` is (this process's index, gateway processes on this host) under `tollgate serve --workers N`."""
     gw = Gateway(store, open_ledger(store.current.policy.ledger, data_dir) if data_dir is not None else None,
-                 data_dir)
-    runner = BatchRunner(gw, BatchStore(data_dir)) if data_dir is not None else None
+                 data_dir, share)
+    runner = BatchRunner(gw, BatchStore(data_dir), runs_lines=share[0] == 0) if data_dir is not None else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: object) -> AsyncIterator[None]:

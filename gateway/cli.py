@@ -30,7 +30,8 @@ def _policy_path(text: str) -> Path:
     return path
 
 
-def _serve(policy: Path, host: str, port: int, data_dir: Path, banner: str | None = None) -> None:
+def _serve(policy: Path, host: str, port: int, data_dir: Path, banner: str | None = None,
+           share: tuple[int, int] = (0, 1)) -> None:
     import uvicorn
 
     from gateway.app import create_app
@@ -46,7 +47,7 @@ def _serve(policy: Path, host: str, port: int, data_dir: Path, banner: str | Non
     server_policy = store.current.policy.server
     limits = Limits.from_policy(server_policy)
     data_dir.mkdir(parents=True, exist_ok=True)
-    app = create_app(store, data_dir)
+    app = create_app(store, data_dir, share)
     config = uvicorn.Config(app, host=host, port=port, loop="uvloop", http=protocol_for(limits),
                             lifespan="on", access_log=False, log_level="warning",
                             timeout_keep_alive=int(max(1, server_policy.idle_timeout_s)),
@@ -70,13 +71,37 @@ def _serve(policy: Path, host: str, port: int, data_dir: Path, banner: str | Non
             print(banner, flush=True)
         server.startup = startup  # type: ignore[method-assign]
     try:
-        server.run()
+        if share[1] > 1:  # one of N processes: each binds the port with SO_REUSEPORT
+            from gateway.processes import reuse_port_socket
+
+            server.run(sockets=[reuse_port_socket(host, port)])
+        else:
+            server.run()
     finally:
         listener.stop()
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    _serve(_policy_path(args.policy), args.host, args.port, Path(args.data_dir))
+    policy = _policy_path(args.policy)
+    if args.processes:  # one process of `--workers N`, started by the supervisor
+        _serve(policy, args.host, args.port, Path(args.data_dir), share=(args.process_index, args.processes))
+        return
+    if args.workers <= 1:
+        _serve(policy, args.host, args.port, Path(args.data_dir))
+        return
+    from gateway.policy.loader import PolicyError, load_file
+    from gateway.processes import sharing_problems, supervise
+
+    try:
+        problems = sharing_problems(load_file(policy).policy)
+    except PolicyError as exc:
+        sys.exit(f"tollgate: {policy} is not a valid policy:\n{exc}")
+    if problems:
+        sys.exit("tollgate: --workers {} cannot share this policy's state:\n  {}".format(
+            args.workers, "\n  ".join(problems)))
+    Path(args.data_dir).mkdir(parents=True, exist_ok=True)
+    sys.exit(supervise([sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--host", args.host,
+                        "--port", str(args.port), "--data-dir", args.data_dir], args.workers))
 
 
 def local_workers(policy_path: Path) -> list[tuple[int, list[str]]]:
@@ -278,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--policy", default=DEFAULT_POLICY)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--workers", type=int, default=1, help="gateway processes on this port (SO_REUSEPORT)")
+    serve.add_argument("--process-index", type=int, default=0, help=argparse.SUPPRESS)
+    serve.add_argument("--processes", type=int, default=0, help=argparse.SUPPRESS)
     serve.add_argument("--data-dir", default=os.environ.get("TOLLGATE_DATA_DIR", DEFAULT_DATA_DIR),
                         help="where what must survive a restart is kept (batch files and state); "
                              "env TOLLGATE_DATA_DIR")

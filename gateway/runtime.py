@@ -26,7 +26,8 @@ from gateway.upstream.pools import Upstreams
 class Gateway:
     """The policy store, upstream pools, scheduler, cache and metrics; started and stopped by ``lifespan``."""
 
-    def __init__(self, store: PolicyStore, ledger: LedgerWriter | None = None, data_dir: Path | None = None) -> None:
+    def __init__(self, store: PolicyStore, ledger: LedgerWriter | None = None, data_dir: Path | None = None,
+                 share: tuple[int, int] = (0, 1)) -> None:
         self.store = store
         self.ledger = ledger  # None: no data directory (in-process tests); requests are not recorded
         self.metrics = GatewayMetrics()
@@ -34,7 +35,7 @@ class Gateway:
         self.spend = Spend(self.metrics, self.alerts, ledger.store if ledger is not None else None)
         self.autoscaler = Autoscaler(self.metrics)
         self.ratelimit = RateLimiter()
-        self.scheduler = Controller(self.metrics)
+        self.scheduler = Controller(self.metrics, share=share)  # share: (process index, processes on this host)
         self.upstreams = Upstreams(self.metrics, traces=[connect_trace()], on_metrics=self._on_metrics)
         self.cache: SemanticCache | None = None
         self.draining = False  # set on SIGTERM: /readyz turns 503 while answers in flight finish

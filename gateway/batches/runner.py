@@ -52,28 +52,56 @@ class Gate:
                 self._changed.notify()
 
 
+POLL_S = 2.0  # how often the line-running process looks for batches created or cancelled by the others
+
+
 class BatchRunner:
-    def __init__(self, gw: Gateway, store: BatchStore) -> None:
+    """``runs_lines``: this process runs batch lines (one process per data directory does: process 0 under
+    `tollgate serve --workers N`); the others only serve the API, and the runner picks up what they create or
+    cancel from the store."""
+
+    def __init__(self, gw: Gateway, store: BatchStore, runs_lines: bool = True) -> None:
         self.gw = gw
         self.store = store
+        self.runs_lines = runs_lines
         self.gate = Gate()
         self._drivers: dict[str, asyncio.Task[None]] = {}
         self._stops: dict[str, asyncio.Event] = {}
+        self._poller: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Resume every batch a previous run left active."""
+        """Resume every batch a previous run left active, then keep looking for new ones."""
+        if not self.runs_lines:
+            return
         for batch_id in await self.store.do(self.store.active_batches):
             self.drive(batch_id)
+        self._poller = asyncio.get_running_loop().create_task(self._poll())
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(POLL_S)
+            try:
+                for batch_id in await self.store.do(self.store.active_batches):
+                    if batch_id not in self._drivers:
+                        self.drive(batch_id)
+                    else:
+                        record = await self.store.do(self.store.get_batch, batch_id)
+                        if record is not None and record.status == "cancelling":
+                            self.cancel(batch_id)
+            except Exception:
+                log.exception("batch poll failed")
 
     async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
         tasks = list(self._drivers.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def drive(self, batch_id: str) -> None:
-        """Take a batch to a final status, in the background."""
-        if batch_id in self._drivers:
+        """Take a batch to a final status, in the background (in the process that runs lines)."""
+        if batch_id in self._drivers or not self.runs_lines:
             return
         self._stops[batch_id] = asyncio.Event()
         task = asyncio.get_running_loop().create_task(self._drive(batch_id), name=f"batch {batch_id}")

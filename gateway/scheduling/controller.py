@@ -91,9 +91,11 @@ class PoolState:
 class Controller:
     """Per-pool admission; the one place that counts what each pool has started."""
 
-    def __init__(self, metrics: GatewayMetrics | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, metrics: GatewayMetrics | None = None, clock: Callable[[], float] = time.monotonic,
+                 share: tuple[int, int] = (0, 1)) -> None:
         self.metrics = metrics
         self.clock = clock
+        self.share = share  # (this process's index, gateway processes on this host): see saturation.worker_slots
         self.pools: dict[str, PoolState] = {}
         self.tenant_inflight: dict[str, int] = {}
 
@@ -181,8 +183,8 @@ class Controller:
             klass = next((k for k in TIERS if state.queues[k].count), None)
             if klass is None or not self._fits_now(state, scheduling, klass, now, queued=True):
                 break
-            blocked = state.blocked_tenants(klass, capacity(state.workers, state.spec, scheduling, now), scheduling,
-                                            now)
+            total = capacity(state.workers, state.spec, scheduling, now, self.share)
+            blocked = state.blocked_tenants(klass, total, scheduling, now)
             waiter = state.queues[klass].pop(skip=blocked)
             if waiter is None:
                 break  # only tenants over their share wait in the top class: the slot stays free for others
@@ -204,7 +206,7 @@ class Controller:
         """May a request of ``klass`` start now? (``queued``: it is the head of its queue, nothing ahead.)"""
         if not queued and any(state.queues[k].count for k in TIERS[: TIERS.index(klass) + 1]):
             return False  # others of its class or above are waiting first
-        total = capacity(state.workers, state.spec, scheduling, now)
+        total = capacity(state.workers, state.spec, scheduling, now, self.share)
         free = total - state.granted
         if tenant is not None and tenant in state.blocked_tenants(klass, total, scheduling, now):
             return False

@@ -51,16 +51,25 @@ def learn(worker: Worker, ceiling: int) -> None:
     worker.learned_limit = min(ceiling, current)
 
 
-def worker_slots(worker: Worker, spec: Pool, scheduling: SchedulingPolicy, now: float) -> int:
-    """How many gateway requests the worker may hold now (those it holds already included)."""
+def worker_slots(worker: Worker, spec: Pool, scheduling: SchedulingPolicy, now: float,
+                 share: tuple[int, int] = (0, 1)) -> int:
+    """How many of this process's requests the worker may hold now (those it holds already included).
+
+    ``share`` is (this process's index, the number of gateway processes on this host): each takes its part of
+    the worker's limit, so N processes together never hand it more than it runs."""
     if not worker.available(now):
         return 0
     if now - worker.scraped_at > scheduling.stale_after_s or worker.kv_usage >= scheduling.kv_saturation:
         return worker.inflight  # unknown, or nearly out of KV cache: nothing new until it reports room
     # A worker that queued requests at its last scrape has had its limit lowered to what it runs (learn());
     # from there the gateway's own in-flight count, fresher than any scrape, says when a slot is free.
-    return worker.learned_limit or min(spec.max_inflight_per_worker, START_LIMIT)
+    limit = worker.learned_limit or min(spec.max_inflight_per_worker, START_LIMIT)
+    index, processes = share
+    if processes == 1:
+        return limit
+    return max(1, limit // processes + (1 if index < limit % processes else 0))
 
 
-def capacity(workers: list[Worker], spec: Pool, scheduling: SchedulingPolicy, now: float) -> int:
-    return sum(worker_slots(w, spec, scheduling, now) for w in workers)
+def capacity(workers: list[Worker], spec: Pool, scheduling: SchedulingPolicy, now: float,
+             share: tuple[int, int] = (0, 1)) -> int:
+    return sum(worker_slots(w, spec, scheduling, now, share) for w in workers)

@@ -1,0 +1,121 @@
+"""`tollgate serve --workers N`: processes on one port, sharing the data directory; restarted when one dies."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from gateway.auth import hash_key
+from gateway.policy.schema import Policy
+from gateway.scheduling.saturation import worker_slots
+from gateway.workers_state import Worker
+from loadtest import procs
+from tests.conftest import DEMO_KEY, Proc, policy_dict, wait_for
+from workers.process import free_port
+
+MODEL = "sim-llama-8b"
+
+
+@pytest.fixture
+def serve_workers(tmp_path: Path) -> Iterator[Callable[[dict[str, object], int], Proc]]:
+    started: list[Proc] = []
+
+    def start(policy: dict[str, object], n: int) -> Proc:
+        port = free_port()
+        path = tmp_path / f"policy-{port}.yaml"
+        path.write_text(yaml.safe_dump(policy))
+        proc = procs.start([sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--port", str(port),
+                            "--data-dir", str(tmp_path / "data"), "--workers", str(n)], port,
+                           tmp_path / f"serve-{port}.log", "/readyz", timeout=60)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.process.send_signal(signal.SIGTERM)
+        try:
+            proc.process.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def children(parent: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True).stdout.split()
+    return [int(pid) for pid in out]
+
+
+def ask(url: str, i: int) -> int:
+    return httpx.post(url + "/v1/chat/completions", headers={"Authorization": f"Bearer {DEMO_KEY}"}, timeout=30,
+                      json={"model": MODEL, "max_tokens": 4,
+                            "messages": [{"role": "user", "content": f"q{i}"}]}).status_code
+
+
+def test_two_processes_serve_one_port_and_one_is_restarted(start_sim: Callable[..., Proc],
+                                                            serve_workers: Callable[..., Proc],
+                                                            tmp_path: Path) -> None:
+    sim = start_sim("--decode-base-ms", "1")
+    gateway = serve_workers(policy_dict([sim.url]), 2)
+    assert wait_for(lambda: len(children(gateway.pid)) == 2, timeout=30)
+    with ThreadPoolExecutor(16) as pool:
+        assert set(pool.map(lambda i: ask(gateway.url, i), range(200))) == {200}
+
+    # both processes answered: the ledger (one SQLite file for both) has records from two writers
+    def writers() -> set[str]:
+        with sqlite3.connect(tmp_path / "data" / "ledger.sqlite3") as db:
+            return {row[0].rsplit("-", 1)[0] for row in db.execute("SELECT id FROM ledger")}
+    assert wait_for(lambda: len(writers()) == 2, timeout=10), writers()
+
+    # a batch created through any process is run (by process 0) to the end
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=DEMO_KEY, max_retries=0)
+    lines = b"".join(json.dumps({"custom_id": f"w{i}", "method": "POST", "url": "/v1/chat/completions",
+                                 "body": {"model": MODEL, "max_tokens": 4,
+                                          "messages": [{"role": "user", "content": f"line {i}"}]}}).encode() + b"\n"
+                     for i in range(10))
+    uploaded = client.files.create(file=("w.jsonl", io.BytesIO(lines)), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert wait_for(lambda: client.batches.retrieve(batch.id).status == "completed", timeout=30)
+
+    # one process dies: the supervisor starts another; the port keeps answering
+    victim = children(gateway.pid)[0]
+    os.kill(victim, signal.SIGKILL)
+    assert wait_for(lambda: len(children(gateway.pid)) == 2 and victim not in children(gateway.pid), timeout=30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and ask(gateway.url, 0) != 200:
+        time.sleep(0.2)
+    with ThreadPoolExecutor(8) as pool:
+        assert set(pool.map(lambda i: ask(gateway.url, i), range(50))) == {200}
+
+
+def test_budgets_need_shared_counters_with_several_processes(tmp_path: Path) -> None:
+    policy = policy_dict(["http://127.0.0.1:9"])
+    policy["tenants"]["capped"] = {"tier": "standard", "keys": ["sha256:" + hash_key("tg-test-c")],
+                                   "budget": {"period": "day", "limit_usd": 1}}
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--port",
+                           str(free_port()), "--data-dir", str(tmp_path / "d"), "--workers", "2"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "spend.redis_url" in done.stderr
+
+
+def test_each_process_takes_its_share_of_a_workers_limit() -> None:
+    snap = Policy.model_validate({"allow_empty": True, "pools": {"p": {"workers": ["http://w"]}}})
+    spec, scheduling = snap.pools["p"], snap.scheduling
+    worker = Worker("http://w", "p", healthy=True, scraped_at=100.0, learned_limit=5)
+    shares = [worker_slots(worker, spec, scheduling, 100.5, (i, 2)) for i in range(2)]
+    assert shares == [3, 2] and sum(shares) == 5, "two processes never hand it more than it runs"
+    assert worker_slots(worker, spec, scheduling, 100.5) == 5
