@@ -9,6 +9,7 @@ thread (the ledger's writer, or ``asyncio.to_thread`` for reports).
 
 from __future__ import annotations
 
+import abc
 import math
 import sqlite3
 import threading
@@ -68,13 +69,13 @@ class LedgerStore(Protocol):
     def close(self) -> None: ...
 
 
-class _Sql:
-    """The SQL both stores share; ``mark`` is the driver's placeholder."""
+class _Sql(abc.ABC):
+    """The SQL both stores share; ``mark`` is the driver's placeholder, ``_run`` its query call."""
 
     mark = "?"
 
-    def _run(self, sql: str, args: Sequence[Any]) -> list[dict[str, Any]]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _run(self, sql: str, args: Sequence[Any]) -> list[dict[str, Any]]: ...
 
     def _where(self, start: str, end: str, tenant: str | None) -> tuple[str, list[Any]]:
         m = self.mark
