@@ -3,7 +3,8 @@
 A zero-delay simulated worker, then the gateway with N processes (alternating N = 1 and 2, ``--starts`` each),
 and a closed-loop client of plain 16-token chats at ``--concurrency``. Reported per run: requests per second,
 and the gateway's CPU per request (all its processes, from /proc). On this 2-core machine the worker and the
-client share the cores with the gateway, so the second process can add only what they leave.
+client share the cores with the gateway, so the second process can add only what they leave. Both arms count
+the tenant's budget in Redis (several processes need shared counters; one process uses the same here).
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ def tree_cpu(pid: int) -> float:
 def one(tmp: Path, worker: str, processes: int, concurrency: int, seconds: float) -> dict[str, float]:
     port = free_port()
     path = tmp / f"policy-{port}.yaml"
-    path.write_text(yaml.safe_dump(policy(worker)))
+    the_policy = policy(worker)  # its tenant has a budget: counted in Redis, as several processes need
+    the_policy["spend"] = {"redis_url": "redis://127.0.0.1:6379/0"}
+    path.write_text(yaml.safe_dump(the_policy))
     gateway = start([sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--port", str(port),
                      "--data-dir", str(tmp / f"data-{port}"), "--workers", str(processes)], port,
                     tmp / f"gw-{port}.log", "/readyz", timeout=60)
