@@ -39,6 +39,7 @@ class Worker:
     learned_limit: int = 0  # the concurrency learned from the worker's metrics (scheduling.saturation)
     queued_reads: int = 0  # consecutive metrics reads with requests waiting in the engine
     hold_reads: int = 0  # reads left before the learned limit may probe upwards again
+    limit_found: bool = False  # the engine has shown its limit (requests waiting) at least once
     recent_running: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=8))
 
     def available(self, now: float) -> bool:

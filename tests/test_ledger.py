@@ -106,9 +106,19 @@ def test_each_request_has_one_exact_priced_record(start_gateway: Callable[..., P
     table = list(csv.DictReader(io.StringIO(text)))
     assert {r["tenant"] for r in table} == {"demo", "prem"} and all(len(r["day"]) == 10 for r in table)
     assert sum(float(r["cost_usd"]) for r in table) == pytest.approx(report["total"]["cost_usd"])
-    exported = list(csv.DictReader(io.StringIO(httpx.get(gateway.url + "/admin/ledger", params={"format": "csv"},
-                                                         headers=headers).text)))
+    exported_csv = httpx.get(gateway.url + "/admin/ledger", params={"format": "csv"}, headers=headers).text
+    exported = list(csv.DictReader(io.StringIO(exported_csv)))
     assert len(exported) == 9 and {r["stream"] for r in exported} == {"true", "false"}
+    # the CSVs load in pandas as typed: ISO times, plain numbers, booleans
+    import pandas as pd
+
+    frame = pd.read_csv(io.StringIO(exported_csv), parse_dates=["time"])
+    assert str(frame["time"].dtype).startswith("datetime64") and str(frame["time"].dt.tz) == "UTC"
+    assert frame["prompt_tokens"].dtype.kind == "i" and frame["cost_usd"].dtype.kind == "f"
+    assert frame["stream"].dtype.kind == "b" and frame["status"].dtype.kind == "i"
+    grouped = pd.read_csv(io.StringIO(text), parse_dates=["day"])
+    assert grouped["day"].dtype.kind == "M" and grouped["requests"].dtype.kind == "i"
+    assert grouped["cost_usd"].sum() == pytest.approx(frame["cost_usd"].sum())
 
     usage = httpx.get(gateway.url + "/v1/usage", headers={"Authorization": f"Bearer {PREMIUM_KEY}"}).json()
     assert usage["tenant"] == "prem" and usage["total"]["requests"] == 3

@@ -283,14 +283,14 @@ def test_worker_concurrency_is_learned_from_its_metrics() -> None:
     worker = Worker("http://w", "p", healthy=True)
     learn(worker, ceiling=64)
     assert worker.learned_limit == 8, "it starts low, not at the ceiling"
-    worker.running = 8  # keeping up at the limit: probe upwards
+    worker.running = 8  # keeping up at the limit: probe upwards, doubling while no limit has shown
     learn(worker, ceiling=64)
-    assert worker.learned_limit == 10
+    assert worker.learned_limit == 16
     learn(worker, ceiling=64)
-    assert worker.learned_limit == 10, "running 8 of 10: no need for more"
+    assert worker.learned_limit == 16, "running 8 of 16: no need for more"
     worker.running, worker.waiting = 8, 3  # the engine runs 8 and queues the rest
     learn(worker, ceiling=64)
-    assert worker.learned_limit == 10, "one read with requests waiting may be a request between two steps"
+    assert worker.learned_limit == 16, "one read with requests waiting may be a request between two steps"
     learn(worker, ceiling=64)
     assert worker.learned_limit == 8, "two in a row: 8 is what it runs"
     worker.running, worker.waiting = 8, 0  # keeping up at its limit: not above it again at once
@@ -298,7 +298,7 @@ def test_worker_concurrency_is_learned_from_its_metrics() -> None:
         learn(worker, ceiling=64)
     assert worker.learned_limit == 8, "held at what the engine showed for a while"
     learn(worker, ceiling=64)
-    assert worker.learned_limit == 10, "then probing upwards again"
+    assert worker.learned_limit == 10, "then probing upwards again, a quarter at a time now"
     snap = snapshot()
     spec, scheduling = snap.policy.pools["p"], snap.policy.scheduling
     worker.scraped_at = 100.0

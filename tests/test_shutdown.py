@@ -33,6 +33,9 @@ def test_sigterm_lets_50_streams_finish_and_refuses_new_connections(start_sim: S
     sim = start_sim("--decode-base-ms", "40")  # 64 tokens: ~2.6 s a stream
     policy = policy_dict([sim.url])
     policy["server"]["shutdown_grace_s"] = 15
+    # 50 streams at once on a fresh gateway: the worker's learned limit doubles from 8 each scrape, so some
+    # wait a second or so for it; this test is about draining, so let them wait instead of being shed
+    policy["scheduling"] = {"tiers": {"standard": {"max_queue_wait_ms": 10_000}}}
     gw = start_gateway(policy)
     host, port = "127.0.0.1", gw.port
 

@@ -121,3 +121,22 @@ def test_one_request_far_above_the_baseline_fires_the_action_once(
     assert [a["action"] for a in listed] == [action]
     metrics = httpx.get(gateway.url + "/metrics").text
     assert f'tollgate_cost_anomalies_total{{action="{action}",kind="request_cost"}} 1.0' in metrics
+
+
+def test_the_budget_alert_fires_once_at_its_threshold(start_gateway: Callable[..., Proc], sim: Proc,
+                                                      receiver: tuple[str, list[dict[str, Any]]]) -> None:
+    url, got = receiver
+    tenant, key = f"alerted-{uuid.uuid4().hex[:8]}", "tg-test-alerted-" + uuid.uuid4().hex
+    policy = with_tenant(policy_dict([sim.url]), tenant, key,
+                         budget={"period": "month", "limit_usd": 0.001, "alert_at": 0.5})
+    policy["spend"] = {"webhook_url": url}
+    gateway = start_gateway(policy)
+    answers = [ask(gateway.url, key, 50).status_code for _ in range(30)]
+    assert answers[0] == 200 and 429 in answers, "the budget ran out"
+    assert wait_for(lambda: any(g["alert"]["kind"] == "budget" for g in got), timeout=10)
+    budget_alerts = [g["alert"] for g in got if g["alert"]["kind"] == "budget"]
+    assert len(budget_alerts) == 1, "once per period"
+    assert budget_alerts[0]["tenant"] == tenant and budget_alerts[0]["spent_usd"] >= 0.0005
+    remaining = [line for line in httpx.get(gateway.url + "/metrics").text.splitlines()
+                 if line.startswith(f'tollgate_budget_remaining_usd{{tenant="{tenant}"}}')]
+    assert remaining and float(remaining[0].split()[-1]) < 0.0005

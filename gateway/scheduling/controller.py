@@ -30,7 +30,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.openai_api import ApiError
 from gateway.policy.schema import TIERS, Pool, SchedulingPolicy
 from gateway.scheduling.queues import ClassQueue, Waiter
-from gateway.scheduling.saturation import capacity
+from gateway.scheduling.saturation import capacity, learn
 from gateway.workers_state import Worker
 
 BATCH_WAIT_S = 600.0
@@ -196,10 +196,15 @@ class Controller:
         self._publish_depth(state)
 
     def on_metrics(self, pool_name: str, scheduling: SchedulingPolicy) -> None:
-        """A metrics update may have opened room (a worker's waiting queue emptied)."""
+        """Fresh metrics: learn each worker's concurrency from them, then grant what now fits (a worker's
+        waiting queue may have emptied)."""
         state = self.pools.get(pool_name)
-        if state is not None:
-            self.dispatch(state, scheduling)
+        if state is None:
+            return
+        wanted = any(q.count for q in state.queues.values())
+        for worker in state.workers:
+            learn(worker, state.spec.max_inflight_per_worker, wanted)
+        self.dispatch(state, scheduling)
 
     def _fits_now(self, state: PoolState, scheduling: SchedulingPolicy, klass: str, now: float,
                   queued: bool = False, tenant: str | None = None) -> bool:

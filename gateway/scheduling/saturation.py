@@ -8,7 +8,8 @@ every tier waits alike.
 Each worker's concurrency is learned from its metrics rather than trusted from configuration: when requests
 wait inside the engine, the number it runs is what it can run (vLLM's max_num_seqs, or fewer when the KV
 cache is the limit), and the limit drops to it; while the engine keeps up near the limit, the limit probes
-upwards by a quarter, up to the pool's max_inflight_per_worker. It starts at START_LIMIT, not the ceiling.
+upwards (doubling until the engine first shows its limit, then by a quarter), up to the pool's
+max_inflight_per_worker. It starts at START_LIMIT, not the ceiling.
 """
 
 from __future__ import annotations
@@ -27,8 +28,12 @@ START_LIMIT = 8
 HOLD_READS = 60
 
 
-def learn(worker: Worker, ceiling: int) -> None:
+def learn(worker: Worker, ceiling: int, wanted: bool = False) -> None:
     """Update the worker's learned concurrency after a metrics read.
+
+    ``wanted``: the gateway holds requests for this pool in its queue. The limit then grows while the engine
+    runs what it was given without queueing, even below 90% of the limit (the premium reserve keeps the other
+    classes under it, and they are the ones waiting).
 
     A request that arrived just before the scrape shows as waiting for one engine step even when the engine
     has room, so only two reads in a row with requests waiting lower the limit, and to the most the engine
@@ -41,13 +46,16 @@ def learn(worker: Worker, ceiling: int) -> None:
         if worker.queued_reads:
             current = max(1, int(max(worker.recent_running)))
             worker.hold_reads = HOLD_READS
+            worker.limit_found = True
         worker.queued_reads += 1
     else:
         worker.queued_reads = 0
         if worker.hold_reads:
             worker.hold_reads -= 1
-        elif worker.running >= 0.9 * current:
-            current = current + max(1, current // 4)
+        elif worker.running >= 0.9 * current or (wanted and worker.running >= 0.9 * worker.inflight > 0):
+            # doubling until the engine first shows its limit (a burst on a fresh worker is not held back for
+            # long), then a quarter at a time
+            current = current + (current if not worker.limit_found else max(1, current // 4))
     worker.learned_limit = min(ceiling, current)
 
 

@@ -17,7 +17,6 @@ import aiohttp
 
 from gateway.metrics import GatewayMetrics
 from gateway.policy.schema import Pool
-from gateway.scheduling.saturation import learn
 from gateway.workers_state import Worker, scrape, scrape_forever
 
 
@@ -86,8 +85,6 @@ class UpstreamPool:
                            self.spec.unhealthy_after, self._after_scrape))
 
     def _after_scrape(self) -> None:
-        for worker in self.workers:
-            learn(worker, self.spec.max_inflight_per_worker)
         self.publish()
         if self._on_metrics is not None:
             self._on_metrics(self.name)
