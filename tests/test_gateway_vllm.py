@@ -103,12 +103,14 @@ def test_premium_goes_ahead_of_queued_batch_work(vllm_server: Any, start_gateway
     assert wait_for(lambda: metric_value(vllm_server.url, "vllm:num_requests_running") == 0
                     and metric_value(vllm_server.url, "vllm:num_requests_waiting") == 0, timeout=90)
     gw = start_gateway(policy)
-    batch_body = {"model": MODEL, "messages": [{"role": "user", "content": "write"}], "max_tokens": 300,
+    batch_body = {"model": MODEL, "messages": [{"role": "user", "content": "write"}], "max_tokens": 1200,
                   "ignore_eos": True}
     batch: list[tuple[int, float]] = []  # (status, gateway queue wait in ms)
 
+    client = httpx.Client(timeout=180, limits=httpx.Limits(max_connections=16))  # one pool: all six at once
+
     def batch_line() -> None:
-        reply = httpx.post(gw.url + "/v1/chat/completions", json=batch_body, timeout=180, headers={
+        reply = client.post(gw.url + "/v1/chat/completions", json=batch_body, headers={
             "authorization": f"Bearer {DEMO_KEY}", "x-tollgate-class": "batch"})
         batch.append((reply.status_code, parse_server_timing(reply.headers.get("server-timing", "")).get(
             "queue_wait", 0.0)))
@@ -125,6 +127,7 @@ def test_premium_goes_ahead_of_queued_batch_work(vllm_server: Any, start_gateway
     finally:
         for line in lines:
             line.join(timeout=180)
+        client.close()
     assert premium.status_code == 200
     assert [status for status, _ in batch] == [200] * 6, "every batch line ran"
     premium_wait = parse_server_timing(premium.headers["server-timing"])["queue_wait"]
