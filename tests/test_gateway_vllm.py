@@ -118,8 +118,9 @@ def test_premium_goes_ahead_of_queued_batch_work(vllm_server: Any, start_gateway
     for line in lines:
         line.start()
     try:
-        assert wait_for(lambda: metric_value(gw.url, "tollgate_queue_depth", **{"class": "batch"}) >= 4,
-                        timeout=60), batch
+        # no polling for the queue to fill: with vLLM holding both cores, /metrics can answer too late to see
+        # it; the lines' own Server-Timing below says whether they queued
+        time.sleep(1.5)
         premium = httpx.post(gw.url + "/v1/chat/completions", timeout=120,
                              headers={"authorization": f"Bearer {PREMIUM_KEY}"},
                              json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
@@ -131,5 +132,6 @@ def test_premium_goes_ahead_of_queued_batch_work(vllm_server: Any, start_gateway
     assert premium.status_code == 200
     assert [status for status, _ in batch] == [200] * 6, "every batch line ran"
     premium_wait = parse_server_timing(premium.headers["server-timing"])["queue_wait"]
-    longest_batch_wait = max(wait for _, wait in batch)
-    assert premium_wait < longest_batch_wait / 2, (premium_wait, sorted(wait for _, wait in batch))
+    waits = sorted(wait for _, wait in batch)
+    assert waits[-1] > 1000 and waits[-1] > 2 * waits[1], ("the batch lines queued one behind another", waits)
+    assert premium_wait < waits[-1] / 2, ("premium went ahead of the queued batch lines", premium_wait, waits)
