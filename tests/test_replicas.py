@@ -113,7 +113,7 @@ def test_two_replicas_behind_nginx_share_cache_budget_and_ledger(
     assert all(a.json()["error"]["code"] == "insufficient_quota" for a in answers if a.status_code == 429)
 
     # one replica SIGKILLed mid-load: nginx sends the rest to the other; every answer that finished more than
-    # a second before the kill (or after it) is in the ledger
+    # a second before the kill (or well after it, on the survivor) is in the ledger
     finished: list[tuple[str, float]] = []
     killed_at: list[float] = []
 
@@ -134,5 +134,7 @@ def test_two_replicas_behind_nginx_share_cache_budget_and_ledger(
     def recorded() -> set[str]:
         with psycopg.connect(pg_dsn) as db:
             return {r[0] for r in db.execute("SELECT request_id FROM ledger WHERE tenant = %s", (f"rep-{run}",))}
-    must = {rid for rid, at in finished if not (killed_at[0] - 1.0 <= at <= killed_at[0])}
+    # the guarantee is for answers that finished more than 1 s before the kill; an answer from the killed
+    # replica may reach the client a moment after the kill, so the window extends half a second past it
+    must = {rid for rid, at in finished if not (killed_at[0] - 1.0 <= at <= killed_at[0] + 0.5)}
     assert wait_for(lambda: must <= recorded(), timeout=15), sorted(must - recorded())[:5]

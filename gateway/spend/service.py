@@ -101,7 +101,7 @@ class Spend:
         rule = tenant.anomaly
         details = {"tenant": tenant.name, "request_id": ctx.request_id, "model": ctx.model,
                    "worst_case_usd": round(worst_usd, 9), "baseline_usd": round(baseline, 9), "k": rule.k}
-        webhook = str(ctx.snapshot.policy.spend.webhook_url) if ctx.snapshot.policy.spend.webhook_url else None
+        webhook = _webhook(ctx)
         if rule.action == "reject":
             self.alerts.raise_alert("request_cost", "reject", webhook, **details)
             raise ApiError(400, f"This request could cost up to ${worst_usd:.6f}, over {rule.k:g}x this tenant's "
@@ -151,7 +151,7 @@ class Spend:
         tenant = ctx.tenant
         if tenant is None:
             return
-        webhook = str(ctx.snapshot.policy.spend.webhook_url) if ctx.snapshot.policy.spend.webhook_url else None
+        webhook = _webhook(ctx)
         if cost_usd > 0 and (rate := self.baselines.spend_rate_anomaly(tenant.name, cost_usd, time.time(),
                                                                        tenant.anomaly.k)) is not None:
             self.alerts.raise_alert("spend_rate", "alert", webhook, tenant=tenant.name,
@@ -196,6 +196,11 @@ class Spend:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.counters.close()
+
+
+def _webhook(ctx: RequestContext) -> str | None:
+    url = ctx.snapshot.policy.spend.webhook_url
+    return str(url) if url else None
 
 
 def _fit_max_tokens(ctx: RequestContext, call: Call, allowed_usd: float, version: Any) -> int | None:
