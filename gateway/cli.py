@@ -214,7 +214,7 @@ def cmd_costs(args: argparse.Namespace) -> None:
 
     report = response.json()
     keys = ["key_id" if g == "key" else g for g in report["group_by"]]
-    table = Table(title=f"Costs {report['from'][:10]} .. {report['to'][:10]}")
+    table = Table(title=f"Costs {(report['from'] or 'the start')[:10]} .. {(report['to'] or 'now')[:10]}")
     columns = [*keys, "requests", "prompt_tokens", "completion_tokens", "cache_hits", "cost_usd",
                "cost_per_1k_requests_usd"]
     for name in columns:

@@ -56,7 +56,9 @@ class RequestContext:
     model: str | None = None  # openai_api.prepare: only a model the policy routes
     stream: bool = False  # openai_api.prepare
     batch: str | None = None  # batches.runner: the batch this request is a line of
-    service_class: str = "standard"  # pipeline.run: the tenant's tier, or a lower class the request asked for
+    # pipeline.run: the tenant's tier, or a lower class the request asked for; spend.service may lower it to
+    # batch (the cost-anomaly action "downgrade"), before the scheduler reads it
+    service_class: str = "standard"
     max_tokens_applied: str | None = None  # openai_api.prepare
     cache: str | None = None  # cache.decision.decide: hit-exact | hit-semantic | miss | bypass
     cache_similarity: float | None = None  # cache.decision.decide
@@ -65,7 +67,7 @@ class RequestContext:
     prompt_tokens: int | None = None  # pipeline.run
     completion_tokens: int | None = None  # pipeline.run
     cached_tokens: int | None = None  # pipeline.run: prompt tokens the worker's prefix cache served
-    usage_estimated: bool = False  # pipeline.run: the worker's final usage never came (a cut stream)
+    usage_estimated: bool = False  # pipeline.run: the worker took it but sent no usage; tokens are estimates
     reservation: object | None = None  # spend.service.Spend.admit: the budget reservation to settle
     cost_usd: float = 0.0  # accounting.finish
     price_version: str | None = None  # accounting.finish

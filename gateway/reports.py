@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from gateway.asgi import request_headers
 from gateway.auth import identify, is_admin, token_matches
-from gateway.ledger.stores import COLUMNS, GROUPS, LedgerStore, iter_all
+from gateway.ledger.stores import COLUMNS, GROUPS, OPEN_END, OPEN_START, LedgerStore, iter_all
 from gateway.openai_api import ApiError
 from gateway.policy.loader import PolicySnapshot
 from gateway.responses import api_error_response, error_response, json_response
@@ -88,7 +88,7 @@ def routes(gw: Gateway) -> list[Route]:
             keys = ["key_id" if g == "key" else g for g in group_by]
             return csv_response([*keys, *TOTALS, "cost_per_1k_requests_usd", "tokens_per_request"], rows,
                                 "costs.csv")
-        return json_response({"object": "cost_report", "from": start, "to": end, "group_by": group_by,
+        return json_response({"object": "cost_report", **shown_range(start, end), "group_by": group_by,
                               "data": rows, "total": with_rates(sum_rows(rows))})
 
     async def ledger(request: Request) -> Response:
@@ -114,7 +114,7 @@ def routes(gw: Gateway) -> list[Route]:
             rows = await query(store().totals, start, end, ["day", "model"], tenant.name)
         except ApiError as exc:
             return api_error_response(exc)
-        return json_response({"object": "usage", "tenant": tenant.name, "from": start, "to": end,
+        return json_response({"object": "usage", "tenant": tenant.name, **shown_range(start, end),
                               "total": with_rates(sum_rows(rows)), "data": [with_rates(r) for r in rows]})
 
     return [
@@ -151,10 +151,15 @@ def parse_time(text: str, end: bool) -> str:
     return iso(moment if moment.tzinfo else moment.replace(tzinfo=UTC))
 
 
+def shown_range(start: str, end: str) -> dict[str, str | None]:
+    """The range as a report states it: null for an open end."""
+    return {"from": None if start == OPEN_START else start, "to": None if end == OPEN_END else end}
+
+
 def time_range(request: Request) -> tuple[str, str]:
     q = request.query_params
-    start = parse_time(q["from"], False) if q.get("from") else "0000"
-    end = parse_time(q["to"], True) if q.get("to") else "9999"
+    start = parse_time(q["from"], False) if q.get("from") else OPEN_START
+    end = parse_time(q["to"], True) if q.get("to") else OPEN_END
     return start, end
 
 

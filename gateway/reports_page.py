@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from gateway.ledger.stores import LedgerStore
+from gateway.ledger.stores import OPEN_END, LedgerStore
 from gateway.reports import COOKIE, iso, reads_reports, sum_rows, with_rates
 from gateway.runtime import Gateway
 from gateway.spend.service import period_start
@@ -81,7 +81,7 @@ def _gather(store: LedgerStore, gw: Gateway, days: int) -> dict[str, Any]:
     for name, tenant in gw.store.current.tenants.items():
         if tenant.budget is None:
             continue
-        rows = store.totals(period_start(tenant.budget, now), "9999", [], name)
+        rows = store.totals(period_start(tenant.budget, now), OPEN_END, [], name)
         spent = rows[0]["cost_usd"] if rows else 0.0
         budgets.append({"tenant": name, "period": tenant.budget.period, "limit_usd": tenant.budget.limit_usd,
                         "spent_usd": spent})

@@ -189,19 +189,10 @@ def completed(client: openai.OpenAI, batch_id: str) -> int:
 def test_sigkill_mid_batch_resumes_with_every_custom_id_once(start_gateway: Callable[..., Proc],
                                                              start_sim: Callable[..., Proc],
                                                              tmp_path: Path) -> None:
-    slow = start_sim("--decode-base-ms", "20")
-    policy = policy_dict([slow.url])
-    policy["batches"] = {"max_inflight_lines": 4}
-    data_dir = tmp_path / "batch-data"
-    gateway = start_gateway(policy, data_dir=data_dir)
-    client = client_for(gateway)
-    batch_id = submit(client, [request_line(f"k{i}", f"line {i}", max_tokens=24) for i in range(40)])
-    assert wait_for(lambda: completed(client, batch_id) >= 8, 60)
-
-    os.kill(gateway.pid, signal.SIGKILL)
-    gateway.process.wait(10)
-    before = client_counts(data_dir, batch_id)
-    assert 8 <= before < 40
+    policy, data_dir, batch_id = killed_mid_batch(
+        start_gateway, start_sim, tmp_path, decode_ms=20, inflight=4, until_done=8,
+        lines=[request_line(f"k{i}", f"line {i}", max_tokens=24) for i in range(40)])
+    assert 8 <= done_lines(data_dir, batch_id) < 40
 
     restarted = start_gateway(policy, data_dir=data_dir)
     client = client_for(restarted)
@@ -213,7 +204,26 @@ def test_sigkill_mid_batch_resumes_with_every_custom_id_once(start_gateway: Call
     assert batch.request_counts is not None and batch.request_counts.completed == 40
 
 
-def client_counts(data_dir: Path, batch_id: str) -> int:
+def killed_mid_batch(start_gateway: Callable[..., Proc], start_sim: Callable[..., Proc], tmp_path: Path,
+                     decode_ms: int, inflight: int, until_done: int,
+                     lines: list[dict[str, Any]]) -> tuple[dict[str, Any], Path, str]:
+    """A gateway running a batch over a slow worker, SIGKILLed once ``until_done`` lines have finished:
+    (its policy, its data directory, the batch id), for a restart on the same data directory."""
+    slow = start_sim("--decode-base-ms", str(decode_ms))
+    policy = policy_dict([slow.url])
+    policy["batches"] = {"max_inflight_lines": inflight}
+    data_dir = tmp_path / "batch-data"
+    gateway = start_gateway(policy, data_dir=data_dir)
+    client = client_for(gateway)
+    batch_id = submit(client, lines)
+    assert wait_for(lambda: completed(client, batch_id) >= until_done, 60)
+    os.kill(gateway.pid, signal.SIGKILL)
+    gateway.process.wait(10)
+    return policy, data_dir, batch_id
+
+
+def done_lines(data_dir: Path, batch_id: str) -> int:
+    """Lines checkpointed in the store (read directly: the gateway is dead)."""
     with sqlite3.connect(data_dir / "batches.sqlite3") as db:
         return int(db.execute("SELECT count(*) FROM lines WHERE batch_id = ? AND done = 1", (batch_id,)).fetchone()[0])
 
@@ -222,16 +232,9 @@ def test_lines_past_the_window_end_as_batch_expired(start_gateway: Callable[...,
                                                     start_sim: Callable[..., Proc], tmp_path: Path) -> None:
     """A batch whose 24 h window has passed (set back in the store) ends `expired`; the lines that did not run
     are in the error file as batch_expired, the ones that did keep their answers."""
-    slow = start_sim("--decode-base-ms", "40")
-    policy = policy_dict([slow.url])
-    policy["batches"] = {"max_inflight_lines": 1}
-    data_dir = tmp_path / "expiry-data"
-    gateway = start_gateway(policy, data_dir=data_dir)
-    client = client_for(gateway)
-    batch_id = submit(client, [request_line(f"e{i}", max_tokens=32) for i in range(20)])
-    assert wait_for(lambda: completed(client, batch_id) >= 1, 30)
-    os.kill(gateway.pid, signal.SIGKILL)
-    gateway.process.wait(10)
+    policy, data_dir, batch_id = killed_mid_batch(
+        start_gateway, start_sim, tmp_path, decode_ms=40, inflight=1, until_done=1,
+        lines=[request_line(f"e{i}", max_tokens=32) for i in range(20)])
     with sqlite3.connect(data_dir / "batches.sqlite3") as db:
         db.execute("UPDATE batches SET expires_at = ? WHERE id = ?", (int(time.time()) - 1, batch_id))
 

@@ -46,6 +46,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "worker": ("TEXT", "text"),
 }
 BOOLEAN = ("stream", "estimated")
+OPEN_START, OPEN_END = "0000", "9999"  # bounds that sort before and after every stored time: an open range
 GROUPS = {"tenant": "tenant", "model": "model", "tier": "tier", "class": "service_class", "key": "key_id",
           "day": "substr(time, 1, 10)"}
 SUMS = ("count(*) AS requests, sum(prompt_tokens) AS prompt_tokens, sum(completion_tokens) AS completion_tokens, "

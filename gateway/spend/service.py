@@ -21,7 +21,7 @@ from typing import Any
 
 from gateway.context import RequestContext
 from gateway.ledger import prices as pricing
-from gateway.ledger.stores import LedgerStore
+from gateway.ledger.stores import OPEN_END, LedgerStore
 from gateway.metrics import GatewayMetrics
 from gateway.openai_api import ApiError, Call
 from gateway.policy.loader import TenantView
@@ -143,7 +143,7 @@ class Spend:
         """The period's spend so far, from the ledger (the truth when the counter is new or was lost)."""
         if self.ledger is None:
             return 0
-        rows = await asyncio.to_thread(self.ledger.totals, period_start(budget, now), "9999", [], tenant)
+        rows = await asyncio.to_thread(self.ledger.totals, period_start(budget, now), OPEN_END, [], tenant)
         return math.ceil((rows[0]["cost_usd"] if rows else 0.0) * NANO)
 
     def settle(self, ctx: RequestContext, cost_usd: float) -> None:
