@@ -1,8 +1,9 @@
 """The autoscaling signal: how many workers each pool should have, and why, by the sources' rules.
 
 Out when any of: KV-cache usage above ``kv_out`` (80%), requests queued (the gateway's queue plus the workers'
-waiting) above ``queue_out`` (50), or TTFT p95 over the last minute above ``ttft_slo_share`` (80%) of the
-tightest SLO among the classes the pool served. In when KV usage is below ``kv_in`` (30%) and nothing has
+waiting) above ``queue_out`` (50), or a class's TTFT p95 over the last minute above ``ttft_slo_share`` (80%) of
+that class's own SLO (each tier against its own objective: batch requests queued for seconds by design must
+not read as a premium SLO miss). In when KV usage is below ``kv_in`` (30%) and nothing has
 been queued for ``quiet_in_s`` (10 minutes). Never two changes within ``cooldown_s`` (5 minutes). One step
 at a time, within [min_workers, max_workers].
 
@@ -27,8 +28,9 @@ class Signals:
     workers: int  # workers the pool has now (healthy)
     kv_usage: float  # mean over the pool's healthy workers, 0-1
     queued: float  # gateway queue + workers' waiting
-    ttft_p95_s: float | None  # over the last minute; None with too few samples
-    ttft_slo_s: float  # the tightest TTFT p95 objective among the classes served
+    ttft_p95_s: float | None  # of the class furthest over its SLO, over the last minute; None: too few samples
+    ttft_slo_s: float  # that class's TTFT p95 objective
+    tier: str = ""  # that class
 
 
 @dataclass(slots=True)
@@ -57,8 +59,8 @@ class ScaleRules:
         if s.queued > spec.queue_out:
             reasons.append(f"queue {s.queued:g} > {spec.queue_out}")
         if s.ttft_p95_s is not None and s.ttft_p95_s > spec.ttft_slo_share * s.ttft_slo_s:
-            reasons.append(f"TTFT p95 {s.ttft_p95_s * 1000:.0f} ms > {spec.ttft_slo_share:.0%} of "
-                           f"{s.ttft_slo_s * 1000:.0f} ms")
+            reasons.append(f"{s.tier + ' ' if s.tier else ''}TTFT p95 {s.ttft_p95_s * 1000:.0f} ms > "
+                           f"{spec.ttft_slo_share:.0%} of {s.ttft_slo_s * 1000:.0f} ms")
         if reasons:
             if current >= spec.max_workers:
                 return Decision(current, "at max_workers; would scale out: " + "; ".join(reasons))
@@ -128,17 +130,15 @@ class Autoscaler:
                 rules = self.rules[name] = ScaleRules(spec, rules.desired if rules else None,
                                                       rules.last_change if rules else None)
             healthy = [w for w in pool.workers if w.healthy]
-            p95, tier = self._ttft_p95(name, buckets)
-            slo = min((policy.tiers[t].slo.ttft_p95_ms for t in tier if t in policy.tiers),
-                      default=min(t.slo.ttft_p95_ms for t in policy.tiers.values())) / 1000
+            tier, p95, slo = self._worst_tier(name, buckets, policy)
             signals = Signals(len(healthy), sum(w.kv_usage for w in healthy) / len(healthy) if healthy else 0.0,
-                              queued.get(name, 0) + sum(w.waiting for w in healthy), p95, slo)
+                              queued.get(name, 0) + sum(w.waiting for w in healthy), p95, slo, tier)
             decision = rules.decide(now, signals)
             self.metrics.scale_desired.labels(name).set(decision.desired)
             self.last[name] = {"current": signals.workers, "desired": decision.desired, "reason": decision.reason,
                                "signals": {"kv_usage": round(signals.kv_usage, 3), "queued": signals.queued,
                                            "ttft_p95_ms": None if p95 is None else round(p95 * 1000, 1),
-                                           "ttft_slo_ms": slo * 1000},
+                                           "ttft_slo_ms": slo * 1000, "ttft_tier": tier},
                                "last_change_s_ago": None if rules.last_change is None
                                else round(now - rules.last_change, 1)}
 
@@ -157,25 +157,35 @@ class Autoscaler:
                 pool[key] = pool.get(key, 0.0) + sample.value
         return out
 
-    def _ttft_p95(self, pool: str, now_buckets: dict[str, dict[tuple[str, float], float]]
-                  ) -> tuple[float | None, set[str]]:
+    def _worst_tier(self, pool: str, buckets: dict[str, dict[tuple[str, float], float]], policy: Policy
+                    ) -> tuple[str, float | None, float]:
+        """(tier, TTFT p95, its SLO) of the class the pool served furthest over its objective in the window."""
+        worst: tuple[str, float | None, float] = ("", None, min(t.slo.ttft_p95_ms for t in policy.tiers.values())
+                                                  / 1000)
+        for tier, spec in policy.tiers.items():
+            p95 = self._ttft_p95(pool, buckets, tier)
+            slo = spec.slo.ttft_p95_ms / 1000
+            if p95 is not None and (worst[1] is None or p95 / slo > worst[1] / worst[2]):
+                worst = (tier, p95, slo)
+        return worst
+
+    def _ttft_p95(self, pool: str, now_buckets: dict[str, dict[tuple[str, float], float]], tier: str
+                  ) -> float | None:
+        """One class's TTFT p95 over the window, from the growth of its histogram buckets (None: < 20 answers)."""
         then = self._history[0][1].get(pool, {}) if self._history else {}
         delta: dict[float, float] = {}
-        tiers: set[str] = set()
-        for (tier, le), count in now_buckets.get(pool, {}).items():
-            grown = count - then.get((tier, le), 0.0)
-            delta[le] = delta.get(le, 0.0) + grown
-            if le == float("inf") and grown > 0:
-                tiers.add(tier)
+        for (of, le), count in now_buckets.get(pool, {}).items():
+            if of == tier:
+                delta[le] = count - then.get((of, le), 0.0)
         total = delta.get(float("inf"), 0.0)
         if total < 20:
-            return None, tiers
+            return None
         rank, lower, below = 0.95 * total, 0.0, 0.0
         for le in sorted(delta):
             if delta[le] >= rank:
                 if le == float("inf"):
-                    return lower, tiers
+                    return lower
                 share = (rank - below) / max(delta[le] - below, 1e-9)
-                return lower + (le - lower) * share, tiers
+                return lower + (le - lower) * share
             lower, below = le, delta[le]
-        return None, tiers
+        return None

@@ -85,11 +85,32 @@ def test_ttft_p95_comes_from_the_histograms_last_minute() -> None:
     for i in range(100):  # 95 fast answers, 5 slow ones
         metrics.ttft.labels("premium", "m").observe(0.05 if i < 95 else 3.0)
     scaler.step(10.0, policy, {}, {})
-    p95, tiers = scaler._ttft_p95("p", scaler._buckets(policy))
-    assert tiers == {"premium"} and p95 is not None and p95 <= 0.1
+    p95 = scaler._ttft_p95("p", scaler._buckets(policy), "premium")
+    assert p95 is not None and p95 <= 0.1
+    assert scaler._ttft_p95("p", scaler._buckets(policy), "batch") is None, "no batch answers in the window"
     for _ in range(100):  # a minute later only slow answers come
         metrics.ttft.labels("premium", "m").observe(2.0)
     for t in (40.0, 70.0, 80.0):
         scaler.step(t, policy, {}, {})
-    p95, _ = scaler._ttft_p95("p", scaler._buckets(policy))
+    p95 = scaler._ttft_p95("p", scaler._buckets(policy), "premium")
     assert p95 is not None and p95 > 1.0, "the old fast answers left the window"
+
+
+def test_each_class_is_held_to_its_own_ttft_objective() -> None:
+    policy = Policy.model_validate({"version": 1, "allow_empty": True,
+                                    "models": {"m": {"pool": "p"}},
+                                    "pools": {"p": {"workers": ["http://127.0.0.1:9"]}}})
+    metrics = GatewayMetrics()
+    scaler = Autoscaler(metrics, window_s=60)
+    scaler.step(0.0, policy, {}, {})
+    batch_slo = policy.tiers["batch"].slo.ttft_p95_ms / 1000
+    for _ in range(50):  # batch waits long, well within its own objective; premium is fast
+        metrics.ttft.labels("batch", "m").observe(min(20.0, batch_slo / 4))
+        metrics.ttft.labels("premium", "m").observe(0.05)
+    buckets = scaler._buckets(policy)
+    tier, p95, slo = scaler._worst_tier("p", buckets, policy)
+    assert p95 is not None and p95 < 0.8 * slo, f"{tier}: slow batch answers are no reason to scale out"
+    for _ in range(50):  # now premium answers take 2 s against its 800 ms
+        metrics.ttft.labels("premium", "m").observe(2.0)
+    tier, p95, slo = scaler._worst_tier("p", scaler._buckets(policy), policy)
+    assert tier == "premium" and p95 is not None and p95 > 0.8 * slo
