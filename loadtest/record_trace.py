@@ -1,6 +1,6 @@
 """Record a traffic trace of the scale signal's inputs (python -m loadtest.record_trace).
 
-Two small simulated workers (8 sequences, 120 KV blocks each) behind the gateway on the embedded default's
+Two small simulated workers (8 sequences, 100 KV blocks each) behind the gateway on the embedded default's
 tenants, and open-loop streaming load in phases: light, overload (KV cache full, a queue), busy within every
 bar, light, a short blip, then nothing. Every ``--every`` seconds the gateway's own view is read from
 GET /admin/scale (the signals its Autoscaler fed to the rules, and what it decided) and written as a CSV row.
@@ -25,7 +25,7 @@ from loadtest.procs import ROOT, start_gateway, start_sim
 from loadtest.runner import run
 from loadtest.spec import load_spec
 
-SIM_FLAGS = ("--max-num-seqs", "8", "--num-blocks", "120", "--block-size", "16", "--decode-base-ms", "12")
+SIM_FLAGS = ("--max-num-seqs", "8", "--num-blocks", "100", "--block-size", "16", "--decode-base-ms", "12")
 # (label, seconds, arrivals per second); 0 is no load at all
 PHASES: tuple[tuple[str, float, float], ...] = (
     ("light", 120, 2), ("overload", 390, 30), ("busy", 120, 9), ("light", 210, 1), ("blip", 20, 20),
