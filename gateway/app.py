@@ -28,6 +28,7 @@ from gateway.openai_api import ApiError
 from gateway.policy.loader import PolicyStore
 from gateway.responses import error_response, json_response
 from gateway.runtime import Gateway
+from gateway.scheduling.saturation import ALONE, Share
 
 log = logging.getLogger("tollgate.app")
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
@@ -78,13 +79,15 @@ class Completions:
             accounting.finish(ctx, gw.metrics, gw.ledger, gw.spend)
 
 
-def create_app(store: PolicyStore, data_dir: Path | None = None, share: tuple[int, int] = (0, 1)) -> HotPaths:
+def create_app(store: PolicyStore, data_dir: Path | None = None, share: Share = ALONE) -> HotPaths:
     """The gateway app. ``data_dir`` holds what must survive a restart (batch files and state, the SQLite ledger
     and its spool); without one the Batch API is not served and requests are not recorded in a ledger.
-    ``share`` is (this process's index, gateway processes on this host) under `tollgate serve --workers N`."""
-    gw = Gateway(store, open_ledger(store.current.policy.ledger, data_dir) if data_dir is not None else None,
+    ``share`` is this process's place among the gateway processes on this host (`tollgate serve --workers N`);
+    the first of them runs the batch lines."""
+    policy = store.current.policy
+    gw = Gateway(store, open_ledger(policy.ledger, policy.state, data_dir) if data_dir is not None else None,
                  data_dir, share)
-    runner = BatchRunner(gw, BatchStore(data_dir), runs_lines=share[0] == 0) if data_dir is not None else None
+    runner = BatchRunner(gw, BatchStore(data_dir), runs_lines=share.index == 0) if data_dir is not None else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: object) -> AsyncIterator[None]:

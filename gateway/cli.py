@@ -16,6 +16,8 @@ from urllib.parse import urlparse
 
 import httpx
 
+from gateway.scheduling.saturation import ALONE, Share
+
 DEFAULT_POLICY = "policies/default.yaml"
 DEMO_KEY = "tg-demo-key-change-me"
 DEFAULT_DATA_DIR = ".tollgate"
@@ -31,7 +33,7 @@ def _policy_path(text: str) -> Path:
 
 
 def _serve(policy: Path, host: str, port: int, data_dir: Path, banner: str | None = None,
-           share: tuple[int, int] = (0, 1)) -> None:
+           share: Share = ALONE) -> None:
     import uvicorn
 
     from gateway.app import create_app
@@ -71,7 +73,7 @@ def _serve(policy: Path, host: str, port: int, data_dir: Path, banner: str | Non
             print(banner, flush=True)
         server.startup = startup  # type: ignore[method-assign]
     try:
-        if share[1] > 1:  # one of N processes: each binds the port with SO_REUSEPORT
+        if share.of > 1:  # one of N processes: each binds the port with SO_REUSEPORT
             from gateway.processes import reuse_port_socket
 
             server.run(sockets=[reuse_port_socket(host, port)])
@@ -84,7 +86,7 @@ def _serve(policy: Path, host: str, port: int, data_dir: Path, banner: str | Non
 def cmd_serve(args: argparse.Namespace) -> None:
     policy = _policy_path(args.policy)
     if args.processes:  # one process of `--workers N`, started by the supervisor
-        _serve(policy, args.host, args.port, Path(args.data_dir), share=(args.process_index, args.processes))
+        _serve(policy, args.host, args.port, Path(args.data_dir), share=Share(args.process_index, args.processes))
         return
     if args.workers <= 1:
         _serve(policy, args.host, args.port, Path(args.data_dir))

@@ -64,6 +64,9 @@ class GatewayMetrics:
         self.scale_desired = Gauge("tollgate_scale_desired_workers", "Workers each pool should have by the "
                                    "scaling rules (KV, queue, TTFT p95 vs SLO; scale-in quiet period; cooldown).",
                                    ["pool"], registry=r)
+        self.gateway_processes = Gauge("tollgate_gateway_processes", "Gateway processes splitting each worker's "
+                                       "limit, this one included (replicas sharing Redis, or --workers N).",
+                                       registry=r)
         self.cost = Counter("tollgate_cost_usd", "Spend recorded, by tenant and model.", ["tenant", "model"],
                             registry=r)
         self.budget_remaining = Gauge("tollgate_budget_remaining_usd", "Budget left this period (after "

@@ -4,13 +4,13 @@ Each process binds the port itself with SO_REUSEPORT, so the kernel spreads new 
 accept lock, no hand-off through a parent). A small supervisor starts the processes, passes SIGTERM/SIGINT on
 (each drains as a single gateway does) and restarts one that dies unexpectedly.
 
-What is shared, and how (the README lists it): budgets and rate limits through Redis (``spend.redis_url``; the
-supervisor refuses to start N > 1 without it when any tenant has a budget or a rate limit, since in-process
-counters would let N times the limit through); the ledger and batch state through the data directory's SQLite
-(one writer at a time, WAL); the cache through Redis when ``cache.store: redis`` (a memory cache is per
-process: fewer hits, never a wrong one); a worker's concurrency is split between the processes (each takes
-its share of the learned limit), so N processes never hand a worker N times what it runs. Batch lines are run
-by process 0 alone, which picks up batches the others create.
+What is shared, and how (the README lists it): budgets, rate limits and the cache through Redis
+(``state.redis_url``; the supervisor refuses to start N > 1 without it when any tenant has a budget or a rate
+limit, since in-process counters would let N times the limit through; a memory cache is per process: fewer
+hits, never a wrong one); the ledger and batch state through the data directory's SQLite (one writer at a
+time, WAL) or the ledger in PostgreSQL (``state.postgres_dsn``); a worker's concurrency is split between the
+processes (each takes its share of the learned limit; gateway.state.replicas), so N processes never hand a
+worker N times what it runs. Batch lines are run by process 0 alone, which picks up batches the others create.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def sharing_problems(policy: Policy) -> list[str]:
     """What N > 1 processes could not keep right with this policy."""
     problems = []
     limited = [name for name, t in policy.tenants.items() if t.budget is not None or t.rate_limit is not None]
-    if limited and not policy.spend.redis_url:
-        problems.append(f"tenants {', '.join(sorted(limited))} have budgets or rate limits: set spend.redis_url so "
+    if limited and not policy.state.redis_url:
+        problems.append(f"tenants {', '.join(sorted(limited))} have budgets or rate limits: set state.redis_url so "
                         "every process counts against the same limit")
     return problems
 

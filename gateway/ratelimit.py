@@ -5,9 +5,11 @@ prompt estimated from the body's size plus max_tokens), so a burst cannot pass t
 written. The window is the current minute plus the previous one weighted by how much of it still overlaps
 the last 60 seconds (the sliding-window counter). Over the limit: 429 ``rate_limit_exceeded`` with a
 Retry-After of the seconds until the next minute's window begins. With Redis configured
-(``spend.redis_url``) every replica shares the counts (one Lua step checks and adds both); otherwise they are
-this process's. If Redis fails the request is let through and logged (a limit is not worth refusing all
-traffic over).
+(``state.redis_url``) every replica shares the counts (one Lua step checks and adds both); otherwise they are
+this process's. While Redis fails, each process counts in memory against its part of the limit (the limit
+divided by the live gateway processes it last saw), so the processes together stay near the limit instead of
+each letting the whole limit through; the memory counts start from zero, so the minute Redis fails may let
+up to twice the limit through.
 """
 
 from __future__ import annotations
@@ -15,10 +17,15 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from gateway.openai_api import ApiError
 from gateway.policy.loader import TenantView
 from gateway.policy.schema import RateLimit
+
+if TYPE_CHECKING:
+    from gateway.state import SharedState
 
 log = logging.getLogger("tollgate.ratelimit")
 WINDOW_S = 60
@@ -56,21 +63,15 @@ def _window(now: float) -> tuple[int, float]:
 
 
 class RateLimiter:
-    def __init__(self) -> None:
+    def __init__(self, state: SharedState | None = None, processes: Callable[[], int] = lambda: 1) -> None:
+        """``state``: with Redis, counts are shared there (else this process's); ``processes``: how many
+        gateway processes share the limits, for the fallback while Redis is down."""
         self._memory: dict[tuple[str, str, int], int] = {}
-        self._redis_url: str | None = None
-        self._redis: object | None = None
-        self._script: object | None = None
-
-    def reconcile(self, redis_url: str | None) -> None:
-        if redis_url != self._redis_url:
-            self._redis_url = redis_url
-            self._redis = self._script = None
-            if redis_url:
-                import redis.asyncio as redis
-
-                client = redis.Redis.from_url(redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
-                self._redis, self._script = client, client.register_script(_CHECK)
+        redis = state.redis if state is not None else None
+        self._script = redis.register_script(_CHECK) if redis is not None else None
+        self._prefix = state.prefix if state is not None else ""
+        self._processes = processes
+        self._warned = False
 
     async def check(self, tenant: TenantView, tokens: int, now: float | None = None) -> None:
         """Count one request of ``tokens`` (worst case) for the tenant, or raise 429 when it would pass a limit."""
@@ -81,14 +82,19 @@ class RateLimiter:
         index, weight = _window(now)
         until_next = math.ceil((index + 1) * WINDOW_S - now)
         rpm, tpm = limit.requests_per_minute or 0, limit.tokens_per_minute or 0
+        allowed = None
         if self._script is not None:
-            keys = [f"tollgate:rl:{tenant.name}:{kind}:{w}" for kind in ("r", "t") for w in (index, index - 1)]
+            keys = [f"{self._prefix}rl:{tenant.name}:{kind}:{w}" for kind in ("r", "t") for w in (index, index - 1)]
             try:
-                allowed, _ = await self._script(keys=keys, args=[1, tokens, rpm, tpm, weight, until_next])  # type: ignore[operator]
+                allowed, _ = await self._script(keys=keys, args=[1, tokens, rpm, tpm, weight, until_next])
+                self._warned = False
             except Exception as exc:
-                log.error("rate-limit store unavailable (%s): %s not limited", exc, tenant.name)
-                return
-        else:
+                if not self._warned:
+                    log.error("rate-limit store unavailable (%s): counting in this process against its part", exc)
+                    self._warned = True
+                parts = max(1, self._processes())
+                rpm, tpm = (math.ceil(v / parts) if v else 0 for v in (rpm, tpm))
+        if allowed is None:
             allowed = self._check_memory(tenant.name, index, weight, ((1, rpm), (tokens, tpm)))
         if not allowed:
             raise self._refused(tenant, limit, tokens, until_next)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.cache.service import SemanticCache
+from gateway.cache.store import RedisStore
 from gateway.ledger.writer import LedgerWriter
 from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import PolicyError, PolicySnapshot, PolicyStore
@@ -17,8 +18,11 @@ from gateway.policy.schema import CachePolicy
 from gateway.ratelimit import RateLimiter
 from gateway.scaling import Autoscaler
 from gateway.scheduling.controller import Controller
+from gateway.scheduling.saturation import ALONE, Share
 from gateway.spend.alerts import Alerts
 from gateway.spend.service import Spend
+from gateway.state import SharedState
+from gateway.state.replicas import Replicas
 from gateway.upstream.dispatch import connect_trace
 from gateway.upstream.pools import Upstreams
 
@@ -27,15 +31,20 @@ class Gateway:
     """The policy store, upstream pools, scheduler, cache and metrics; started and stopped by ``lifespan``."""
 
     def __init__(self, store: PolicyStore, ledger: LedgerWriter | None = None, data_dir: Path | None = None,
-                 share: tuple[int, int] = (0, 1)) -> None:
+                 share: Share = ALONE) -> None:
+        """``share``: this process's place among the gateway processes on this host (``--workers N``); with
+        ``state.redis_url`` set it is replaced by its place among every live process of every replica."""
         self.store = store
         self.ledger = ledger  # None: no data directory (in-process tests); requests are not recorded
+        self.state = SharedState(store.current.policy.state)  # read once: a reload cannot move it
+        self.replicas = Replicas(self.state, share) if self.state.redis is not None else None
         self.metrics = GatewayMetrics()
         self.alerts = Alerts(self.metrics, data_dir / "alerts.jsonl" if data_dir is not None else None)
-        self.spend = Spend(self.metrics, self.alerts, ledger.store if ledger is not None else None)
+        self.spend = Spend(self.metrics, self.alerts, ledger.store if ledger is not None else None, self.state)
         self.autoscaler = Autoscaler(self.metrics)
-        self.ratelimit = RateLimiter()
-        self.scheduler = Controller(self.metrics, share=share)  # share: (process index, processes on this host)
+        self.scheduler = Controller(self.metrics, share=share)
+        self.metrics.gateway_processes.set(share.of)
+        self.ratelimit = RateLimiter(self.state, lambda: self.scheduler.share.of)
         self.upstreams = Upstreams(self.metrics, traces=[connect_trace()], on_metrics=self._on_metrics)
         self.cache: SemanticCache | None = None
         self.draining = False  # set on SIGTERM: /readyz turns 503 while answers in flight finish
@@ -45,14 +54,15 @@ class Gateway:
     async def lifespan(self, app: object = None) -> AsyncIterator[None]:
         await self.upstreams.reconcile(self.store.current.policy.pools)
         await self._reconcile_cache(self.store.current.policy.cache)
-        self.spend.reconcile(self.store.current.policy.spend)
-        self.ratelimit.reconcile(self.store.current.policy.spend.redis_url)
         self.store.listeners.append(self._on_policy)
         self.store.rejection_listeners.append(self._on_policy_rejected)
         self._spawn(self.store.watch())
         self._spawn(self._watch_loop_lag())
         self._spawn(self.alerts.run())
         self._spawn(self._watch_scale())
+        if self.replicas is not None:
+            await self._beat()  # this process's place before the first request
+            self._spawn(self._keep_beating())
         if self.ledger is not None:
             self.ledger.start()
         try:
@@ -66,11 +76,16 @@ class Gateway:
             if self.cache is not None:
                 await self.cache.close()
             await self.upstreams.close()
+            if self.replicas is not None:
+                await self.replicas.leave()
+            await self.state.close()
 
     def unready(self) -> str | None:
         """Why this replica should get no traffic now, or None when it is ready."""
         if self.draining:
             return "shutting down"
+        if not self.scheduler.share.ready:
+            return "joining: the other gateway processes have not yet made room for this one"
         policy = self.store.current.policy
         if not policy.models:
             return "no model is configured"
@@ -97,13 +112,27 @@ class Gateway:
                       for name, state in self.scheduler.pools.items()}
             self.autoscaler.step(time.monotonic(), self.store.current.policy, self.upstreams.pools, queued)
 
+    async def _beat(self) -> None:
+        assert self.replicas is not None
+        share = await self.replicas.beat()
+        if share != self.scheduler.share:
+            self.scheduler.share = share
+            self.metrics.gateway_processes.set(share.of)
+            for pool in self.scheduler.pools:  # a larger part may have room for what waits
+                self._on_metrics(pool)
+
+    async def _keep_beating(self) -> None:
+        """This process's heartbeat among the replicas, and its part of each worker's limit from it."""
+        assert self.replicas is not None
+        while True:
+            await asyncio.sleep(self.replicas.beat_s)
+            await self._beat()
+
     def _on_policy(self, snapshot: PolicySnapshot) -> None:
         self.metrics.policy_reloads.labels("ok").inc()
         self.metrics.policy_ok.set(1)
         self._spawn(self.upstreams.reconcile(snapshot.policy.pools))
         self._spawn(self._reconcile_cache(snapshot.policy.cache))
-        self.spend.reconcile(snapshot.policy.spend)
-        self.ratelimit.reconcile(snapshot.policy.spend.redis_url)
 
     def _on_policy_rejected(self, error: PolicyError) -> None:
         self.metrics.policy_reloads.labels("error").inc()
@@ -120,7 +149,8 @@ class Gateway:
         if not spec.enabled:
             self.cache = None
         elif current is None or not current.same_backend(spec):
-            cache = SemanticCache(spec, self.metrics)
+            shared = RedisStore(self.state) if self.state.redis is not None else None
+            cache = SemanticCache(spec, self.metrics, shared)
             await cache.start()
             self.cache = cache
         if current is not None and current is not self.cache:

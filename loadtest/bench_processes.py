@@ -44,7 +44,7 @@ def one(tmp: Path, worker: str, processes: int, concurrency: int, seconds: float
     port = free_port()
     path = tmp / f"policy-{port}.yaml"
     the_policy = policy(worker)  # its tenant has a budget: counted in Redis, as several processes need
-    the_policy["spend"] = {"redis_url": "redis://127.0.0.1:6379/0"}
+    the_policy["state"] = {"redis_url": "redis://127.0.0.1:6379/0", "namespace": f"bench-{port}"}
     path.write_text(yaml.safe_dump(the_policy))
     gateway = start([sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--port", str(port),
                      "--data-dir", str(tmp / f"data-{port}"), "--workers", str(processes)], port,

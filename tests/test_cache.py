@@ -238,7 +238,8 @@ def _redis_up(port: int) -> bool:
 def test_two_gateways_share_one_redis_and_survive_its_outage(start_sim: Starter, start_gateway: Starter,
                                                              own_redis: Any) -> None:
     sim = start_sim("--zero-delay")
-    policy = cache_policy(sim.url, store="redis", redis_url=f"redis://127.0.0.1:{own_redis.port}/0")
+    policy = cache_policy(sim.url)
+    policy["state"] = {"redis_url": f"redis://127.0.0.1:{own_redis.port}/0"}
     a, b = start_gateway(policy), start_gateway(policy)
     stored = answer(ask(a, "What is a service mesh?"))
     shared = cached_after(b, "What is a service mesh?")

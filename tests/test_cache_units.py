@@ -17,7 +17,8 @@ from gateway.cache.keys import cache_key, detect_language
 from gateway.cache.store import Entry, MemoryStore, RedisStore
 from gateway.cache.verifier import verify
 from gateway.policy.loader import TenantView
-from gateway.policy.schema import CachePolicy
+from gateway.policy.schema import CachePolicy, StatePolicy
+from gateway.state import SharedState
 
 TENANT = TenantView("acme", "standard", None, 512, 4096, "clamp")
 
@@ -137,12 +138,17 @@ def _entry(tenant: str = "acme", question: str = "q", ttl: float = 60) -> Entry:
                  expires=time.time() + ttl, vector=_vec(len(question)))
 
 
+def _state(url: str) -> SharedState:
+    """What a gateway process gives its RedisStore: its one client (gateway.state)."""
+    return SharedState(StatePolicy(redis_url=url))
+
+
 @pytest.fixture(params=["memory", "redis"])
 def store(request: pytest.FixtureRequest) -> Any:
     if request.param == "memory":
         return MemoryStore()
     redis.Redis(db=15).flushdb()
-    return RedisStore("redis://127.0.0.1:6379/15")
+    return RedisStore(_state("redis://127.0.0.1:6379/15"))
 
 
 def test_store_lru_ttl_exact_and_events(store: Any) -> None:
@@ -174,7 +180,7 @@ def test_redis_store_down_raises_store_unavailable() -> None:
     from gateway.cache.store import StoreUnavailable
 
     async def main() -> None:
-        dead = RedisStore("redis://127.0.0.1:1/0")
+        dead = RedisStore(_state("redis://127.0.0.1:1/0"))
         with pytest.raises(StoreUnavailable):
             await dead.get_exact("x")
         await dead.close()

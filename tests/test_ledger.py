@@ -151,7 +151,7 @@ def test_postgres_store_and_the_spool_while_it_is_down(start_gateway: Callable[.
 
     data_dir = tmp_path / "pg-data"
     policy = policy_dict([sim.url])
-    policy["ledger"] = {"store": "postgres", "postgres_dsn": "postgresql://postgres@127.0.0.1:1/nowhere"}
+    policy["state"] = {"postgres_dsn": "postgresql://postgres@127.0.0.1:1/nowhere"}
     down = start_gateway(policy, data_dir=data_dir)
     client = openai.OpenAI(base_url=down.url + "/v1", api_key=DEMO_KEY, max_retries=0)
     run = uuid.uuid4().hex[:8]
@@ -162,7 +162,7 @@ def test_postgres_store_and_the_spool_while_it_is_down(start_gateway: Callable[.
     down.process.send_signal(signal.SIGTERM)
     down.process.wait(30)
 
-    policy["ledger"] = {"store": "postgres", "postgres_dsn": pg_dsn}
+    policy["state"] = {"postgres_dsn": pg_dsn}
     up = start_gateway(policy, data_dir=data_dir)
     client = openai.OpenAI(base_url=up.url + "/v1", api_key=DEMO_KEY, max_retries=0)
     for i in range(5):

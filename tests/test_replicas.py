@@ -78,9 +78,8 @@ def test_two_replicas_behind_nginx_share_cache_budget_and_ledger(
     policy["tenants"][f"rep-{run}"] = {"tier": "standard", "keys": ["sha256:" + hash_key(key)]}
     policy["tenants"][f"capped-{run}"] = {"tier": "standard", "keys": ["sha256:" + hash_key(capped_key)],
                                           "budget": {"period": "day", "limit_usd": 0.0002}}
-    policy["cache"] = {"enabled": True, "store": "redis", "redis_url": REDIS}
-    policy["spend"] = {"redis_url": REDIS}
-    policy["ledger"] = {"store": "postgres", "postgres_dsn": pg_dsn}
+    policy["cache"] = {"enabled": True}
+    policy["state"] = {"namespace": f"test-{uuid.uuid4().hex[:8]}", "redis_url": REDIS, "postgres_dsn": pg_dsn}
     replicas = [start_gateway(policy), start_gateway(policy)]
     url = nginx([r.port for r in replicas])
 

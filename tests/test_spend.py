@@ -42,8 +42,7 @@ def test_a_budget_holds_across_two_replicas(start_gateway: Callable[..., Proc], 
     tenant, key = f"budget-{uuid.uuid4().hex[:8]}", "tg-test-budget-key-" + uuid.uuid4().hex
     limit = 0.0005
     policy = with_tenant(policy_dict([sim.url]), tenant, key, budget={"period": "day", "limit_usd": limit})
-    policy["spend"] = {"redis_url": REDIS_URL}
-    policy["ledger"] = {"store": "postgres", "postgres_dsn": pg_dsn}
+    policy["state"] = {"namespace": f"test-{uuid.uuid4().hex[:8]}", "redis_url": REDIS_URL, "postgres_dsn": pg_dsn}
     replicas = [start_gateway(policy), start_gateway(policy)]
 
     with ThreadPoolExecutor(50) as pool:

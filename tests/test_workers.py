@@ -21,7 +21,7 @@ import yaml
 
 from gateway.auth import hash_key
 from gateway.policy.schema import Policy
-from gateway.scheduling.saturation import worker_slots
+from gateway.scheduling.saturation import Share, worker_slots
 from gateway.workers_state import Worker
 from loadtest import procs
 from tests.conftest import DEMO_KEY, Proc, policy_dict, wait_for
@@ -109,13 +109,16 @@ def test_budgets_need_shared_counters_with_several_processes(tmp_path: Path) -> 
     done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--port",
                            str(free_port()), "--data-dir", str(tmp_path / "d"), "--workers", "2"],
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0 and "spend.redis_url" in done.stderr
+    assert done.returncode != 0 and "state.redis_url" in done.stderr
 
 
 def test_each_process_takes_its_share_of_a_workers_limit() -> None:
     snap = Policy.model_validate({"allow_empty": True, "pools": {"p": {"workers": ["http://w"]}}})
     spec, scheduling = snap.pools["p"], snap.scheduling
     worker = Worker("http://w", "p", healthy=True, scraped_at=100.0, learned_limit=5)
-    shares = [worker_slots(worker, spec, scheduling, 100.5, (i, 2)) for i in range(2)]
+    shares = [worker_slots(worker, spec, scheduling, 100.5, Share(i, 2)) for i in range(2)]
     assert shares == [3, 2] and sum(shares) == 5, "two processes never hand it more than it runs"
     assert worker_slots(worker, spec, scheduling, 100.5) == 5
+    many = [worker_slots(worker, spec, scheduling, 100.5, Share(i, 7)) for i in range(7)]
+    assert sum(many) == 5 and many.count(0) == 2, "more processes than slots: some send this worker nothing"
+    assert worker_slots(worker, spec, scheduling, 100.5, Share(0, 2, ready=False)) == 0, "a newcomer waits"

@@ -44,10 +44,12 @@ class Lookup:
 
 
 class SemanticCache:
-    def __init__(self, spec: CachePolicy, metrics: GatewayMetrics, embedder: Embedder | None = None) -> None:
+    def __init__(self, spec: CachePolicy, metrics: GatewayMetrics, store: CacheStore | None = None,
+                 embedder: Embedder | None = None) -> None:
+        """``store``: shared by replicas (RedisStore on the process's one client) or this process's own."""
         self.spec = spec
         self.metrics = metrics
-        self.store: CacheStore = RedisStore(spec.redis_url) if spec.store == "redis" else MemoryStore()
+        self.store: CacheStore = store if store is not None else MemoryStore()
         self.embedder = embedder
         self.index: VectorIndex | None = None
         self._down_until = 0.0
@@ -63,8 +65,7 @@ class SemanticCache:
         self._indexer: asyncio.Task[None] | None = None
 
     def same_backend(self, spec: CachePolicy) -> bool:
-        return (spec.store, spec.redis_url, spec.batch_max, spec.batch_wait_ms) == (
-            self.spec.store, self.spec.redis_url, self.spec.batch_max, self.spec.batch_wait_ms)
+        return (spec.batch_max, spec.batch_wait_ms) == (self.spec.batch_max, self.spec.batch_wait_ms)
 
     async def start(self) -> None:
         if self.embedder is None:

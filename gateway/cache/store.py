@@ -12,9 +12,12 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from gateway.state import SharedState
 
 
 @dataclass
@@ -145,16 +148,16 @@ class RedisStore:
     """Entries as hashes, an exact-key index, a per-tenant LRU (sorted set) and a replication stream."""
 
     shared = True
-    PREFIX = "tollgate:cache:"
-    STREAM = PREFIX + "events"
 
-    def __init__(self, url: str, timeout_s: float = 0.25) -> None:
-        import redis.asyncio as redis
-
-        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError, TimeoutError)
-        self.redis = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                          retry_on_timeout=False, health_check_interval=0)
-        self._stream_timeout = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=None)
+    def __init__(self, state: SharedState) -> None:
+        """On the process's one Redis client, under its namespace."""
+        assert state.redis is not None
+        self.redis = state.redis
+        self._errors = state.errors
+        self.PREFIX = state.prefix + "cache:"
+        self.STREAM = self.PREFIX + "events"
+        # a blocking read of the stream must return before the socket times out
+        self._block_ms = max(10, int(state.timeout_s * 600))
 
     async def _call(self, coro: Any) -> Any:
         try:
@@ -247,7 +250,7 @@ class RedisStore:
 
     async def events(self, cursor: str, block_ms: int) -> tuple[list[tuple[str, str]], str]:
         try:
-            reply = await self._stream_timeout.xread({self.STREAM: cursor}, block=block_ms, count=500)
+            reply = await self.redis.xread({self.STREAM: cursor}, block=min(block_ms, self._block_ms), count=500)
         except self._errors as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
         out = []
@@ -258,5 +261,4 @@ class RedisStore:
         return out, cursor
 
     async def close(self) -> None:
-        await self.redis.aclose()
-        await self._stream_timeout.aclose()
+        return None  # the client is the process's (gateway.state), closed with it

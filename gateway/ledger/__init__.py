@@ -6,14 +6,15 @@ from pathlib import Path
 
 from gateway.ledger.stores import LedgerStore, PostgresLedger, SqliteLedger
 from gateway.ledger.writer import LedgerWriter
-from gateway.policy.schema import LedgerPolicy
+from gateway.policy.schema import LedgerPolicy, StatePolicy
 
 
-def open_store(spec: LedgerPolicy, data_dir: Path) -> LedgerStore:
-    if spec.store == "postgres":
-        return PostgresLedger(spec.postgres_dsn)
+def open_store(state: StatePolicy, data_dir: Path) -> LedgerStore:
+    """PostgreSQL when replicas share the ledger (``state.postgres_dsn``), else the data directory's SQLite."""
+    if state.postgres_dsn:
+        return PostgresLedger(state.postgres_dsn)
     return SqliteLedger(data_dir / "ledger.sqlite3")
 
 
-def open_ledger(spec: LedgerPolicy, data_dir: Path) -> LedgerWriter:
-    return LedgerWriter(open_store(spec, data_dir), data_dir / "ledger-spool.jsonl", spec.flush_interval_ms / 1000)
+def open_ledger(spec: LedgerPolicy, state: StatePolicy, data_dir: Path) -> LedgerWriter:
+    return LedgerWriter(open_store(state, data_dir), data_dir / "ledger-spool.jsonl", spec.flush_interval_ms / 1000)

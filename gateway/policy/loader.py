@@ -197,12 +197,19 @@ class PolicyStore:
         for listener in self.rejection_listeners:
             listener(error)
 
+    def _refuse_restart_only(self, policy: Policy) -> None:
+        """Where shared state lives is read at start: moving it under live requests would split their state."""
+        if policy.state != self.current.policy.state:
+            raise PolicyError([("state", "where shared state lives is read at start; restart the gateway to "
+                                "change it (this replica keeps the old place meanwhile)")])
+
     async def reload_file(self) -> dict[str, list[str]]:
         """Re-read the file off the event loop; raise PolicyError (and keep the old one) if it is bad."""
         assert self.path is not None
         self._stamp = _stamp(self.path)
         try:
             snapshot = await asyncio.to_thread(load_file, self.path)
+            self._refuse_restart_only(snapshot.policy)
         except PolicyError as exc:
             self.reject(exc, str(self.path))
             raise
@@ -219,6 +226,7 @@ class PolicyStore:
             if self.current.policy.server.admin_token_sha256 and policy.server.admin_token_sha256 is None:
                 raise PolicyError([("server.admin_token_sha256", "removing the admin token through the admin API "
                                     "would lock the admin API out; edit the policy file to do that")])
+            self._refuse_restart_only(policy)
         except PolicyError as exc:
             self.reject(exc, source)
             raise

@@ -171,8 +171,6 @@ class CachePolicy(Strict):
     """The response cache: an exact layer, then a semantic layer (embeddings + faiss + the near-miss verifier)."""
 
     enabled: bool = False
-    store: Literal["memory", "redis"] = Field("memory", description="redis: shared by every gateway replica")
-    redis_url: str = "redis://127.0.0.1:6379/0"
     threshold: float = Field(0.95, ge=0.5, le=1.0, description="cosine similarity needed for a semantic hit")
     verifier: bool = Field(True, description="reject near-misses (numbers, units, negation, entities, ...)")
     ttl_s: float = Field(86_400, gt=0)
@@ -256,20 +254,28 @@ class Prices(Strict):
 
 
 class LedgerPolicy(Strict):
-    """Where every request's record goes. SQLite in the data directory by default; PostgreSQL when replicas
-    share it (read at start)."""
+    """How every request's record is written (where: ``state.postgres_dsn``, else the data directory's SQLite)."""
 
-    store: Literal["sqlite", "postgres"] = "sqlite"
-    postgres_dsn: str = "postgresql://postgres@127.0.0.1:5432/tollgate"
     flush_interval_ms: float = Field(100, gt=0, le=1000, description="records reach the store within this")
 
 
 class SpendPolicy(Strict):
-    """Where budgets are counted and where alerts go."""
+    """Where budget alerts and cost anomalies go (budgets are counted where ``state`` says)."""
 
-    redis_url: str | None = Field(None, description="budgets and rate limits shared by every replica (atomic in "
-                                  "Redis); unset: counted in this process (one replica)")
     webhook_url: AnyHttpUrl | None = Field(None, description="budget alerts and cost anomalies are POSTed here")
+
+
+class StatePolicy(Strict):
+    """Where the state every gateway process and replica shares lives; unset, each process keeps its own (one
+    machine, nothing to start). Read at start: a reload that changes it is refused (restart to move state)."""
+
+    redis_url: str | None = Field(None, description="the cache, budget and rate-limit counters, and the list of "
+                                  "live gateway processes (each takes its part of a worker's limit)")
+    postgres_dsn: str | None = Field(None, description="the cost ledger finance reads; unset: SQLite in the "
+                                     "data directory")
+    timeout_ms: float = Field(250, gt=0, le=5000, description="a slower Redis call counts as Redis down")
+    namespace: str = Field("tollgate", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="the prefix of every "
+                           "shared key: gateways that front different workers may share one Redis apart")
 
 
 class Policy(Strict):
@@ -287,6 +293,7 @@ class Policy(Strict):
     prices: Prices = Prices()
     ledger: LedgerPolicy = LedgerPolicy()
     spend: SpendPolicy = SpendPolicy()
+    state: StatePolicy = StatePolicy()
 
 
 def cross_reference_errors(policy: Policy) -> list[tuple[str, str]]:

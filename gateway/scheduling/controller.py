@@ -30,7 +30,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.openai_api import ApiError
 from gateway.policy.schema import TIERS, Pool, SchedulingPolicy
 from gateway.scheduling.queues import ClassQueue, Waiter
-from gateway.scheduling.saturation import capacity, learn
+from gateway.scheduling.saturation import ALONE, Share, capacity, learn
 from gateway.workers_state import Worker
 
 BATCH_WAIT_S = 600.0
@@ -92,10 +92,10 @@ class Controller:
     """Per-pool admission; the one place that counts what each pool has started."""
 
     def __init__(self, metrics: GatewayMetrics | None = None, clock: Callable[[], float] = time.monotonic,
-                 share: tuple[int, int] = (0, 1)) -> None:
+                 share: Share = ALONE) -> None:
         self.metrics = metrics
         self.clock = clock
-        self.share = share  # (this process's index, gateway processes on this host): see saturation.worker_slots
+        self.share = share  # this process's part of each worker's limit; set by the runtime as processes come and go
         self.pools: dict[str, PoolState] = {}
         self.tenant_inflight: dict[str, int] = {}
 

@@ -14,6 +14,8 @@ max_inflight_per_worker. It starts at START_LIMIT, not the ceiling.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gateway.policy.schema import Pool, SchedulingPolicy
 from gateway.workers_state import Worker
 
@@ -26,6 +28,29 @@ START_LIMIT = 8
 # where a newly arrived request of any tenant or class waited behind it (measured: a quiet premium tenant's
 # TTFT p95 went from 41 ms alone to 681 ms beside a flooding one).
 HOLD_READS = 60
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """This process's part of every worker's limit: the ``index``-th of ``of`` gateway processes (on this host
+    under ``--workers N``, or every live process of every replica when they share Redis). ``ready`` is False
+    while a newcomer waits for the others to see it and shrink their parts first."""
+
+    index: int = 0
+    of: int = 1
+    ready: bool = True
+
+    def of_limit(self, limit: int) -> int:
+        """limit // of, the remainder to the lowest indexes: the parts add up to the limit, never more (a
+        process whose part is 0 sends that worker nothing)."""
+        if not self.ready:
+            return 0
+        if self.of == 1:
+            return limit
+        return limit // self.of + (1 if self.index < limit % self.of else 0)
+
+
+ALONE = Share()
 
 
 def learn(worker: Worker, ceiling: int, wanted: bool = False) -> None:
@@ -63,24 +88,20 @@ def learn(worker: Worker, ceiling: int, wanted: bool = False) -> None:
 
 
 def worker_slots(worker: Worker, spec: Pool, scheduling: SchedulingPolicy, now: float,
-                 share: tuple[int, int] = (0, 1)) -> int:
+                 share: Share = ALONE) -> int:
     """How many of this process's requests the worker may hold now (those it holds already included).
 
-    ``share`` is (this process's index, the number of gateway processes on this host): each takes its part of
-    the worker's limit, so N processes together never hand it more than it runs."""
+    Each gateway process takes its ``share`` of the worker's limit, so N processes together never hand it
+    more than it runs."""
     if not worker.available(now):
         return 0
     if now - worker.scraped_at > scheduling.stale_after_s or worker.kv_usage >= scheduling.kv_saturation:
         return worker.inflight  # unknown, or nearly out of KV cache: nothing new until it reports room
     # A worker that queued requests at its last scrape has had its limit lowered to what it runs (learn());
     # from there the gateway's own in-flight count, fresher than any scrape, says when a slot is free.
-    limit = worker.learned_limit or min(spec.max_inflight_per_worker, START_LIMIT)
-    index, processes = share
-    if processes == 1:
-        return limit
-    return max(1, limit // processes + (1 if index < limit % processes else 0))
+    return share.of_limit(worker.learned_limit or min(spec.max_inflight_per_worker, START_LIMIT))
 
 
 def capacity(workers: list[Worker], spec: Pool, scheduling: SchedulingPolicy, now: float,
-             share: tuple[int, int] = (0, 1)) -> int:
+             share: Share = ALONE) -> int:
     return sum(worker_slots(w, spec, scheduling, now, share) for w in workers)

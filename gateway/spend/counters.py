@@ -9,7 +9,10 @@ caller seeds it.
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from gateway.state import SharedState
 
 NANO = 1_000_000_000
 KEEP_S = 40 * 86400  # a period's counter outlives the period by this much
@@ -87,12 +90,11 @@ class MemoryCounters:
 
 
 class RedisCounters:
-    PREFIX = "tollgate:budget:"
-
-    def __init__(self, url: str, timeout_s: float = 0.5) -> None:
-        import redis.asyncio as redis
-
-        self.redis = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    def __init__(self, state: SharedState) -> None:
+        """On the process's one Redis client, under its namespace."""
+        assert state.redis is not None
+        self.redis = state.redis
+        self.PREFIX = state.prefix + "budget:"
         self._reserve = self.redis.register_script(_RESERVE)
         self._settle = self.redis.register_script(_SETTLE)
 
@@ -111,4 +113,4 @@ class RedisCounters:
         return int(result[0]), int(result[1])
 
     async def close(self) -> None:
-        await self.redis.aclose()
+        return None  # the client is the process's (gateway.state), closed with it

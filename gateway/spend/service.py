@@ -17,7 +17,7 @@ import math
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.context import RequestContext
 from gateway.ledger import prices as pricing
@@ -25,10 +25,13 @@ from gateway.ledger.stores import OPEN_END, LedgerStore
 from gateway.metrics import GatewayMetrics
 from gateway.openai_api import ApiError, Call
 from gateway.policy.loader import TenantView
-from gateway.policy.schema import Budget, SpendPolicy
+from gateway.policy.schema import Budget
 from gateway.spend.alerts import Alerts
 from gateway.spend.anomaly import Baselines
 from gateway.spend.counters import NANO, Counters, MemoryCounters, RedisCounters
+
+if TYPE_CHECKING:
+    from gateway.state import SharedState
 
 log = logging.getLogger("tollgate.spend")
 
@@ -54,21 +57,17 @@ def period_start(budget: Budget, now: float) -> str:
 
 
 class Spend:
-    def __init__(self, metrics: GatewayMetrics, alerts: Alerts, ledger: LedgerStore | None) -> None:
+    def __init__(self, metrics: GatewayMetrics, alerts: Alerts, ledger: LedgerStore | None,
+                 state: SharedState | None = None) -> None:
+        """``state``: with Redis, budgets are counted there (shared by replicas); else in this process."""
         self.metrics = metrics
         self.alerts = alerts
         self.ledger = ledger
         self.baselines = Baselines()
-        self.counters: Counters = MemoryCounters()
-        self._redis_url: str | None = None
+        self.counters: Counters = (RedisCounters(state) if state is not None and state.redis is not None
+                                   else MemoryCounters())
         self._alerted: set[str] = set()  # period keys whose soft alert went out (this replica)
         self._tasks: set[asyncio.Task[None]] = set()
-
-    def reconcile(self, spec: SpendPolicy) -> None:
-        """Follow the policy's choice of counters (a change starts from the ledger's figures again)."""
-        if spec.redis_url != self._redis_url:
-            self._redis_url = spec.redis_url
-            self.counters = RedisCounters(spec.redis_url) if spec.redis_url else MemoryCounters()
 
     async def admit(self, ctx: RequestContext, call: Call) -> None:
         tenant = ctx.tenant

@@ -86,6 +86,7 @@ class EngineStats:
     generation_tokens: int = 0
     preemptions: int = 0
     aborted: int = 0
+    held_max: int = 0  # most requests held at once (running + waiting): what clients in total sent it
     finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})
 
 
@@ -134,6 +135,7 @@ class Engine:
         heapq.heappush(self._waiting, (key, seq.order, seq))
         seq.state = "waiting"
         self.stats.prompt_tokens += seq.prompt_tokens
+        self.stats.held_max = max(self.stats.held_max, len(self.running) + len(self._waiting))
         self._work.set()
 
     def abort(self, seq: Sequence) -> None:

@@ -36,6 +36,8 @@ class SimMetrics:
                              buckets=E2E_BUCKETS, registry=r).labels(model_name, "0")
         self.queue = Histogram("vllm:request_queue_time_seconds", "Time spent waiting in the queue.", labels,
                                buckets=E2E_BUCKETS, registry=r).labels(model_name, "0")
+        self._held_max = Gauge("tollgate_sim_requests_held_max", "Most requests the engine held at once "
+                               "(running + waiting) since it started.", registry=r)
         self.connections = Counter("tollgate_sim_connections_accepted", "TCP connections accepted.", registry=r)
         self.aborted = Counter("tollgate_sim_requests_aborted", "Requests aborted by a client disconnect.",
                                registry=r)
@@ -68,6 +70,7 @@ class SimMetrics:
         self._running.labels(*m).set(len(engine.running))
         self._waiting.labels(*m).set(engine.num_waiting)
         self._kv.labels(*m).set(engine.kv_usage)
+        self._held_max.set(stats.held_max)
         for name, counter, value in (
             ("prompt", self._prompt, stats.prompt_tokens),
             ("generation", self._generation, stats.generation_tokens),

@@ -1,0 +1,83 @@
+"""The live gateway processes sharing one Redis, and this one's place among them (its ``Share``).
+
+Design (issue 12): a worker's limit is split between the processes rather than counted in Redis per request.
+Counting would add a Redis round trip to every admission and every release (and a leaked count for each
+request a killed process held); the split costs nothing per request and never lets the processes together
+hand a worker more than its limit. What it costs: a process's unused part is not lent to another, so with
+uneven load across replicas a worker may idle below its limit (the load balancer evens the load out; the
+two-replica overload run in loadtest/RESULTS.md measures it).
+
+Each process writes a heartbeat (a sorted set: member = process id, score = time) every ``beat_s`` and reads
+the live list back; a process silent for ``3 * beat_s`` has left, and the others take its part. A newcomer
+takes its part only after ``2 * beat_s``, when every other process has seen it and shrunk its own part; until
+then it sends nothing new upstream (it queues). While Redis is down each process keeps its last known place
+(the parts still add up to the limit unless a process joined meanwhile); never known: the host's static split.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import time
+from typing import TYPE_CHECKING
+
+from gateway.scheduling.saturation import Share
+
+if TYPE_CHECKING:
+    from gateway.state import SharedState
+
+log = logging.getLogger("tollgate.state")
+
+# Announce, drop the silent, list the live: one step, timed by Redis's clock (hosts' clocks may disagree).
+_BEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return redis.call('ZRANGE', KEYS[1], 0, -1)
+"""
+
+
+class Replicas:
+    def __init__(self, state: SharedState, fallback: Share, beat_s: float = 1.0) -> None:
+        assert state.redis is not None
+        self.redis = state.redis
+        self.key = state.prefix + "replicas"
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.beat_s = beat_s
+        self.share = fallback
+        self.live: list[str] = []
+        self._script = self.redis.register_script(_BEAT)
+        self._joined: float | None = None  # the time of this process's first heartbeat that Redis took
+        self._warned = False
+
+    async def beat(self, now: float | None = None) -> Share:
+        """Announce this process, drop the silent ones, and return this process's share (the last one known
+        when Redis does not answer)."""
+        now = time.monotonic() if now is None else now
+        try:
+            members = await self._script(keys=[self.key],
+                                         args=[self.id, 3 * self.beat_s, max(10, int(30 * self.beat_s))])
+        except Exception as exc:
+            if not self._warned:
+                log.error("Redis unreachable (%s): keeping this process's part of each worker's limit at %s",
+                          exc, self.share)
+                self._warned = True
+            return self.share
+        self._warned = False
+        if self._joined is None:
+            self._joined = now
+        self.live = sorted(m.decode() for m in members)
+        young = now - self._joined < 2 * self.beat_s and len(self.live) > 1
+        self.share = Share(self.live.index(self.id), len(self.live), ready=not young)
+        return self.share
+
+    async def leave(self) -> None:
+        """On a clean stop: the others take this part at their next heartbeat instead of after 3 silent ones."""
+        try:
+            await self.redis.zrem(self.key, self.id)
+        except Exception:  # leaving is best effort: silence does the same a moment later
+            pass

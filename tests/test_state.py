@@ -1,0 +1,93 @@
+"""Shared state: the live gateway processes in Redis and each one's part of a worker's limit."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+import yaml
+
+from gateway.policy.loader import PolicyError, PolicyStore
+from gateway.policy.schema import StatePolicy
+from gateway.scheduling.saturation import ALONE, Share
+from gateway.state import SharedState
+from gateway.state import replicas as members
+from gateway.state.replicas import Replicas
+
+BEAT_S = 0.2
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A namespace of this test's own, so gateway processes of other tests on the same Redis do not count."""
+    return f"test-{uuid.uuid4().hex[:8]}"
+
+
+def test_parts_add_up_to_the_limit_as_processes_join_and_leave(namespace: str) -> None:
+    async def main() -> None:
+        state = SharedState(StatePolicy(redis_url="redis://127.0.0.1:6379/0", namespace=namespace))
+        a, b, c = (Replicas(state, ALONE, beat_s=BEAT_S) for _ in range(3))
+        first = await a.beat()
+        assert first == Share(0, 1, ready=True), "alone: the whole limit at once"
+        await b.beat()
+        assert not b.share.ready, "a newcomer waits until the others have seen it"
+        await asyncio.sleep(2 * BEAT_S)
+        for r in (a, b):
+            await r.beat()
+        assert a.share.ready and b.share.ready and {a.share.index, b.share.index} == {0, 1}
+        assert a.share.of == b.share.of == 2
+        for limit in (1, 5, 8, 9):
+            assert a.share.of_limit(limit) + b.share.of_limit(limit) == limit
+
+        await c.beat()
+        await asyncio.sleep(2 * BEAT_S)
+        for r in (a, b, c):
+            await r.beat()
+        assert sum(r.share.of_limit(7) for r in (a, b, c)) == 7 and all(r.share.of == 3 for r in (a, b, c))
+
+        # c is killed (no leave): after three silent beats the others take its part
+        for _ in range(4):
+            await asyncio.sleep(BEAT_S)
+            await a.beat()
+            await b.beat()
+        assert a.share.of == b.share.of == 2 and a.share.of_limit(7) + b.share.of_limit(7) == 7
+        await b.leave()  # a clean stop: gone at the next beat
+        assert (await a.beat()) == Share(0, 1)
+        await state.close()
+    asyncio.run(main())
+
+
+def test_redis_down_keeps_the_last_known_part(namespace: str) -> None:
+    async def main() -> None:
+        up = SharedState(StatePolicy(redis_url="redis://127.0.0.1:6379/0", namespace=namespace))
+        a, b = Replicas(up, ALONE, beat_s=BEAT_S), Replicas(up, ALONE, beat_s=BEAT_S)
+        await a.beat()
+        await b.beat()
+        await asyncio.sleep(2 * BEAT_S)
+        known = await b.beat()
+        assert known.of == 2 and known.ready
+        dead = SharedState(StatePolicy(redis_url="redis://127.0.0.1:1/0", timeout_ms=100))
+        assert dead.redis is not None
+        b._script = dead.redis.register_script(members._BEAT)  # b's Redis goes away
+        assert await b.beat() == known, "the last known part, not the whole limit"
+        never = Replicas(dead, Share(1, 2))
+        assert await never.beat() == Share(1, 2), "never reached Redis: the host's own split"
+        await up.close()
+        await dead.close()
+    asyncio.run(main())
+    assert redis.Redis().exists(f"{namespace}:replicas"), "the list lives under the namespace"
+
+
+def test_a_reload_cannot_move_shared_state(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "allow_empty": True}))
+    store = PolicyStore.from_file(path)
+    moved = {"version": 1, "allow_empty": True, "state": {"redis_url": "redis://127.0.0.1:6379/0"}}
+    with pytest.raises(PolicyError, match="restart"):
+        asyncio.run(store.apply_text(yaml.safe_dump(moved)))
+    assert store.current.policy.state.redis_url is None and store.reloads_failed == 1
+    asyncio.run(store.apply_text(yaml.safe_dump({"version": 1, "allow_empty": True, "cache": {"enabled": True}})))
+    assert store.current.policy.cache.enabled, "other changes still apply live"
