@@ -7,6 +7,7 @@ import itertools
 import logging
 import os
 import re
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from gateway.asgi import AsgiSink, Receive, Scope, Send, read_body, request_head
 from gateway.auth import authenticate, identify, token_matches
 from gateway.batches import api as batch_api
 from gateway.batches.runner import BatchRunner
-from gateway.batches.store import BatchStore
+from gateway.batches.store import open_batch_store
 from gateway.context import RequestContext
 from gateway.ledger import open_ledger
 from gateway.openai_api import ApiError
@@ -82,12 +83,13 @@ class Completions:
 def create_app(store: PolicyStore, data_dir: Path | None = None, share: Share = ALONE) -> HotPaths:
     """The gateway app. ``data_dir`` holds what must survive a restart (batch files and state, the SQLite ledger
     and its spool); without one the Batch API is not served and requests are not recorded in a ledger.
-    ``share`` is this process's place among the gateway processes on this host (`tollgate serve --workers N`);
-    the first of them runs the batch lines."""
+    ``share`` is this process's place among the gateway processes on this host (`tollgate serve --workers N`)."""
     policy = store.current.policy
     gw = Gateway(store, open_ledger(policy.ledger, policy.state, data_dir) if data_dir is not None else None,
                  data_dir, share)
-    runner = BatchRunner(gw, BatchStore(data_dir), runs_lines=share.index == 0) if data_dir is not None else None
+    runner = (BatchRunner(gw, open_batch_store(data_dir, policy.state.postgres_dsn),
+                          owner=f"{socket.gethostname()}:{data_dir.resolve()}:{share.index}")
+              if data_dir is not None else None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: object) -> AsyncIterator[None]:

@@ -10,7 +10,7 @@ limit, since in-process counters would let N times the limit through; a memory c
 hits, never a wrong one); the ledger and batch state through the data directory's SQLite (one writer at a
 time, WAL) or the ledger in PostgreSQL (``state.postgres_dsn``); a worker's concurrency is split between the
 processes (each takes its share of the learned limit; gateway.state.replicas), so N processes never hand a
-worker N times what it runs. Batch lines are run by process 0 alone, which picks up batches the others create.
+worker N times what it runs. Every process runs batch lines, each claiming a few at a time (gateway.batches).
 """
 
 from __future__ import annotations

@@ -114,7 +114,11 @@ class Gateway:
 
     async def _beat(self) -> None:
         assert self.replicas is not None
-        share = await self.replicas.beat()
+        pools = self.upstreams.pools.values()
+        share = await self.replicas.beat({w.url: w.learned_limit for pool in pools for w in pool.workers})
+        for pool in pools:
+            for worker in pool.workers:
+                worker.agreed_limit = self.replicas.agreed.get(worker.url, 0)
         if share != self.scheduler.share:
             self.scheduler.share = share
             self.metrics.gateway_processes.set(share.of)

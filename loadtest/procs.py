@@ -92,3 +92,26 @@ def start_gateway(log_dir: Path, policy: dict[str, Any], ready: str = "/readyz",
     proc = start(cmd, port, log_dir / f"gateway-{port}.log", ready, timeout=timeout, cpu=cpu)
     proc.extra["policy_path"] = path
     return proc
+
+
+def start_nginx(log_dir: Path, ports: list[int]) -> Proc:
+    """nginx on deploy/nginx/tollgate.conf (the sources' front: HTTP/1.1 keep-alive upstream, no buffering) in
+    front of gateway replicas on ``ports``; the conf's two example upstream servers become these."""
+    import shutil
+
+    binary = shutil.which("nginx") or "/usr/sbin/nginx"
+    listen = free_port()
+    conf = (ROOT / "deploy" / "nginx" / "tollgate.conf").read_text()
+    servers = "".join(f"    server 127.0.0.1:{port} max_fails=3 fail_timeout=5s;\n" for port in ports)
+    head, _, rest = conf.partition("    server 127.0.0.1:8081")
+    rest = rest.partition("    server 127.0.0.1:8082")[2].partition("\n")[2]
+    conf = (head + servers + rest).replace("listen 8080 reuseport;", f"listen 127.0.0.1:{listen};")
+    here = log_dir / f"nginx-{listen}"
+    here.mkdir(parents=True, exist_ok=True)
+    (here / "tollgate.conf").write_text(conf)
+    (here / "nginx.conf").write_text(
+        f"pid {here}/nginx.pid;\nerror_log {here}/error.log;\nworker_processes 1;\nevents {{}}\nhttp {{\n"
+        f"  access_log off;\n  client_body_temp_path {here}/body;\n  proxy_temp_path {here}/proxy;\n"
+        f"  include {here}/tollgate.conf;\n}}\n")
+    return start([binary, "-c", str(here / "nginx.conf"), "-p", str(here), "-g", "daemon off;"], listen,
+                 here / "stdout.log", "/healthz", timeout=15)

@@ -225,7 +225,8 @@ def killed_mid_batch(start_gateway: Callable[..., Proc], start_sim: Callable[...
 def done_lines(data_dir: Path, batch_id: str) -> int:
     """Lines checkpointed in the store (read directly: the gateway is dead)."""
     with sqlite3.connect(data_dir / "batches.sqlite3") as db:
-        return int(db.execute("SELECT count(*) FROM lines WHERE batch_id = ? AND done = 1", (batch_id,)).fetchone()[0])
+        return int(db.execute("SELECT count(*) FROM batch_lines WHERE batch_id = ? AND done = 1",
+                              (batch_id,)).fetchone()[0])
 
 
 def test_lines_past_the_window_end_as_batch_expired(start_gateway: Callable[..., Proc],
@@ -245,3 +246,82 @@ def test_lines_past_the_window_end_as_batch_expired(start_gateway: Callable[...,
     assert sorted(line["custom_id"] for line in output + errors) == sorted(f"e{i}" for i in range(20))
     assert output and errors
     assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+
+
+def test_replicas_on_postgres_share_a_batch_and_a_killed_one_loses_no_line(
+        start_gateway: Callable[..., Proc], start_sim: Callable[..., Proc], tmp_path: Path, pg_dsn: str) -> None:
+    """Two replicas on one PostgreSQL (each with its own data directory): a batch submitted to one is seen
+    and run by both (lines claimed a few at a time), the one it was submitted to is SIGKILLed mid-batch, and
+    the other finishes every line: its claims lapse (claim_lease_s) and are taken over. Every custom_id is in
+    the output once, and no line was answered twice (one ledger record per line at most)."""
+    import psycopg
+
+    slow = start_sim("--decode-base-ms", "20")
+    policy = policy_dict([slow.url])
+    policy["state"] = {"postgres_dsn": pg_dsn}
+    policy["batches"] = {"max_inflight_lines": 3, "claim_lease_s": 3}
+    a, b = (start_gateway(policy, data_dir=tmp_path / name) for name in ("a", "b"))
+    lines = [request_line(f"r{i}", f"Replica question {i}", max_tokens=32) for i in range(90)]
+    batch_id = submit(client_for(a), lines)
+    client = client_for(b)
+    assert client.batches.retrieve(batch_id).id == batch_id, "the other replica serves the batch"
+
+    def served(proc: Proc) -> float:
+        """Requests the replica answered (only batch lines are sent here)."""
+        text = httpx.get(proc.url + "/metrics").text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("tollgate_requests_total{"))
+    assert wait_for(lambda: served(a) > 0 and served(b) > 0, 60), "both replicas run lines"
+    assert completed(client, batch_id) < 80, "killed mid-batch"
+    os.kill(a.pid, signal.SIGKILL)
+    a.process.wait(10)
+
+    batch = wait_final(client, batch_id, timeout=90)
+    assert batch.status == "completed" and batch.request_counts is not None
+    assert batch.request_counts.completed == 90
+    output = read_lines(client, batch.output_file_id)
+    assert sorted(line["custom_id"] for line in output) == sorted(f"r{i}" for i in range(90))
+    with psycopg.connect(pg_dsn) as db:
+        counts = [row[0] for row in db.execute(
+            "SELECT count(*) FROM ledger WHERE batch = %s GROUP BY request_id", (batch_id,))]
+    assert counts and max(counts) == 1, "no line answered twice"
+    assert len(counts) >= 90 - 3, "every line recorded but those the killed replica finished as it died"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def batch_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    from gateway.batches.store import open_batch_store
+
+    dsn = request.getfixturevalue("pg_dsn") if request.param == "postgres" else None
+    store = open_batch_store(tmp_path, dsn)
+    yield store
+    store.close()
+
+
+def test_claims_split_lines_lapse_and_come_back(batch_store: Any, tmp_path: Path) -> None:
+    """Two owners never hold one line; a lapsed claim is taken over; release gives lines back at once; a
+    finished line is never claimed again; contents read back chunk by chunk."""
+    from gateway.batches.lines import validate
+
+    s = batch_store
+    one, two, three, four = (f"{name}-{time.time_ns()}" for name in ("one", "two", "three", "four"))
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl([request_line(f"c{i}") for i in range(10)]))
+    found, errors = validate(source, "/v1/chat/completions", 100)
+    record = s.add_file("acme", "batch", "in.jsonl", source=source)
+    assert not errors and s.read_chunk(record.id, 0) == jsonl([request_line(f"c{i}") for i in range(10)])
+    batch = s.create_batch("acme", "/v1/chat/completions", record.id, "24h", None)
+    assert s.start_lines(batch.id, found) and not s.start_lines(batch.id, found), "validated once"
+
+    first = s.claim(batch.id, one, 4, 60)
+    second = s.claim(batch.id, two, 4, 60)
+    assert len(first) == len(second) == 4 and not {n for n, _ in first} & {n for n, _ in second}
+    s.finish_line(batch.id, first[0][0], True, b"{}")
+    assert s.renew(one, 60) == 3, "finished lines are no longer held"
+    s.release(two)  # a clean stop
+    again = s.claim(batch.id, three, 10, 0.2)
+    assert {n for n, _ in again} == {n for n, _ in second} | ({n for n in range(1, 11)} - {n for n, _ in first}
+                                                               - {n for n, _ in second})
+    time.sleep(0.3)  # the third owner's lease lapses (it died)
+    assert {n for n, _ in s.claim(batch.id, four, 10, 60)} == {n for n, _ in again}
+    assert s.unfinished(batch.id) == 9

@@ -5,9 +5,7 @@ answer that finished more than a second before the kill."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,8 +17,8 @@ import psycopg
 import pytest
 
 from gateway.auth import hash_key
-from tests.conftest import ROOT, Proc, policy_dict, wait_for
-from workers.process import free_port
+from loadtest.procs import start_nginx
+from tests.conftest import Proc, policy_dict, wait_for
 
 MODEL = "sim-llama-8b"
 REDIS = "redis://127.0.0.1:6379/0"
@@ -29,37 +27,15 @@ REDIS = "redis://127.0.0.1:6379/0"
 @pytest.fixture
 def nginx(tmp_path: Path) -> Iterator[Callable[[list[int]], str]]:
     """Start nginx with the deploy/ conf in front of the given replica ports; returns its URL."""
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[Proc] = []
 
     def start(ports: list[int]) -> str:
-        binary = shutil.which("nginx") or "/usr/sbin/nginx"
-        listen = free_port()
-        conf = (ROOT / "deploy" / "nginx" / "tollgate.conf").read_text()
-        conf = conf.replace("server 127.0.0.1:8081", f"server 127.0.0.1:{ports[0]}")
-        conf = conf.replace("server 127.0.0.1:8082", f"server 127.0.0.1:{ports[1]}")
-        conf = conf.replace("listen 8080 reuseport;", f"listen 127.0.0.1:{listen};")
-        (tmp_path / "tollgate.conf").write_text(conf)
-        (tmp_path / "nginx.conf").write_text(
-            f"pid {tmp_path}/nginx.pid;\nerror_log {tmp_path}/nginx-error.log;\nworker_processes 1;\n"
-            f"events {{}}\nhttp {{\n  access_log off;\n  client_body_temp_path {tmp_path}/body;\n"
-            f"  proxy_temp_path {tmp_path}/proxy;\n  include {tmp_path}/tollgate.conf;\n}}\n")
-        proc = subprocess.Popen([binary, "-c", str(tmp_path / "nginx.conf"), "-p", str(tmp_path), "-g",
-                                 "daemon off;"], stderr=subprocess.DEVNULL)
-        procs.append(proc)
-        url = f"http://127.0.0.1:{listen}"
-
-        def up() -> bool:
-            try:
-                return httpx.get(url + "/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-        assert wait_for(up, timeout=10), (tmp_path / "nginx-error.log").read_text()
-        return url
+        procs.append(start_nginx(tmp_path, ports))
+        return procs[-1].url
 
     yield start
     for proc in procs:
-        proc.terminate()
-        proc.wait(10)
+        proc.stop()
 
 
 def ask(url: str, key: str, question: str, max_tokens: int = 8) -> httpx.Response:

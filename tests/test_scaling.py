@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import itertools
+from pathlib import Path
 
 from gateway.metrics import GatewayMetrics
 from gateway.policy.schema import Autoscaling, Policy
@@ -114,3 +116,71 @@ def test_each_class_is_held_to_its_own_ttft_objective() -> None:
         metrics.ttft.labels("premium", "m").observe(2.0)
     tier, p95, slo = scaler._worst_tier("p", scaler._buckets(policy), policy)
     assert tier == "premium" and p95 is not None and p95 > 0.8 * slo
+
+
+def recorded() -> list[dict[str, str]]:
+    """A trace recorded by `python -m loadtest.record_trace`: the gateway's own scale-signal inputs every 5 s
+    while two simulated workers took light load, a 6.5-minute overload, busy load, light load, a 20-second
+    blip and 22 idle minutes (loadtest/RESULTS.md, "Scale signal on a recorded trace")."""
+    with open(Path(__file__).parent / "data" / "scale_trace.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_the_rules_on_a_recorded_trace() -> None:
+    spec = Autoscaling(min_workers=1, max_workers=8)
+    rows = recorded()
+    assert {"overload", "blip", "idle"} <= {r["phase"] for r in rows} and len(rows) > 400
+
+    def over(r: dict[str, str]) -> bool:
+        ttft = float(r["ttft_p95_ms"]) if r["ttft_p95_ms"] else None
+        return (float(r["kv_usage"]) > spec.kv_out or float(r["queued"]) > spec.queue_out
+                or (ttft is not None and ttft > spec.ttft_slo_share * float(r["ttft_slo_ms"])))
+
+    def busy(r: dict[str, str]) -> bool:
+        return float(r["queued"]) > 0 or float(r["kv_usage"]) >= spec.kv_in
+
+    rules = ScaleRules(spec)
+    desired = int(rows[0]["workers"])
+    changes: list[tuple[float, int, str]] = []
+    for r in rows:
+        t = float(r["t_s"])
+        ttft = float(r["ttft_p95_ms"]) / 1000 if r["ttft_p95_ms"] else None
+        decision = rules.decide(t, Signals(desired, float(r["kv_usage"]), float(r["queued"]), ttft,
+                                           float(r["ttft_slo_ms"]) / 1000, r["ttft_tier"]))
+        if decision.desired != desired:
+            changes.append((t, decision.desired, decision.reason))
+        desired = decision.desired
+    times = [t for t, _, _ in changes]
+    outs = [(t, d) for t, d, reason in changes if reason.startswith("scale out")]
+    ins = [(t, d) for t, d, reason in changes if reason.startswith("scale in")]
+    assert outs and ins, changes
+
+    first_over = next(float(r["t_s"]) for r in rows if over(r))
+    assert times[0] == first_over, "out at the first sample the sources' rules say so"
+    assert all(b - a >= spec.cooldown_s for a, b in itertools.pairwise(times)), "never twice in the cooldown"
+    # out whenever a rule holds and the cooldown allows it
+    last = None
+    for r in rows:
+        t = float(r["t_s"])
+        if over(r) and (last is None or t - last >= spec.cooldown_s):
+            assert t in times, f"over a bar at {t:.0f} s, out of cooldown, and no scale-out"
+        if t in times:
+            last = t
+    # in only after 10 quiet minutes: nothing queued and KV under 30% in every sample of the 10 minutes before
+    for t, _ in ins:
+        window = [r for r in rows if t - spec.quiet_in_s < float(r["t_s"]) <= t]
+        assert window and not any(busy(r) for r in window), f"scale-in at {t:.0f} s without 10 quiet minutes"
+        # and not later than the rules allow: the first sample once quiet long enough and out of cooldown
+        quiet_since = max(float(r["t_s"]) for r in rows if float(r["t_s"]) < t and busy(r))
+        earlier = [c for c in times if c < t]
+        since_in = max((c for c, _ in ins if c < t), default=None)
+        allowed = max(quiet_since if since_in is None else max(quiet_since, since_in), 0) + spec.quiet_in_s
+        allowed = max(allowed, earlier[-1] + spec.cooldown_s) if earlier else allowed
+        assert t == min(float(r["t_s"]) for r in rows if float(r["t_s"]) >= allowed), (t, allowed)
+    blip = max(float(r["t_s"]) for r in rows if busy(r))
+    assert ins[-1][0] >= blip + spec.quiet_in_s, "the blip restarted the quiet clock"
+
+    # the gateway's own live decisions over the same run went through the same counts
+    live = [int(r["live_desired"]) for r in rows]
+    steps = [d for i, d in enumerate(live) if i == 0 or d != live[i - 1]]
+    assert steps == [int(rows[0]["workers"]), *(d for _, d, _ in changes)], (steps, changes)

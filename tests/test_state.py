@@ -41,6 +41,10 @@ def test_parts_add_up_to_the_limit_as_processes_join_and_leave(namespace: str) -
         assert a.share.of == b.share.of == 2
         for limit in (1, 5, 8, 9):
             assert a.share.of_limit(limit) + b.share.of_limit(limit) == limit
+        await a.beat({"http://w1": 5, "http://w2": 8})
+        await b.beat({"http://w1": 4, "http://w2": 0})  # 0: nothing learned yet
+        await a.beat({"http://w1": 5, "http://w2": 8})
+        assert a.agreed == b.agreed == {"http://w1": 4, "http://w2": 8}, "everyone splits the lowest limit"
 
         await c.beat()
         await asyncio.sleep(2 * BEAT_S)
@@ -55,7 +59,8 @@ def test_parts_add_up_to_the_limit_as_processes_join_and_leave(namespace: str) -
             await b.beat()
         assert a.share.of == b.share.of == 2 and a.share.of_limit(7) + b.share.of_limit(7) == 7
         await b.leave()  # a clean stop: gone at the next beat
-        assert (await a.beat()) == Share(0, 1)
+        assert (await a.beat({"http://w1": 5})) == Share(0, 1)
+        assert a.agreed == {"http://w1": 5}, "a process that left no longer holds the limit down"
         await state.close()
     asyncio.run(main())
 

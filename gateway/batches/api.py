@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import FileResponse, Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.asgi import Message, read_body, request_headers
@@ -103,8 +103,17 @@ def routes(runner: BatchRunner) -> list[Route]:
 
     async def file_content(request: Request, tenant: TenantView) -> Response:
         record = await _file(request, tenant)
-        return FileResponse(store.file_path(record.id), media_type="application/octet-stream",
-                            filename=record.filename)
+        first = await store.do(store.read_chunk, record.id, 0)
+
+        async def rest() -> AsyncIterator[bytes]:
+            index, chunk = 0, first
+            while chunk is not None:
+                yield chunk
+                index += 1
+                chunk = await store.do(store.read_chunk, record.id, index)
+        return StreamingResponse(rest(), media_type="application/octet-stream", headers={
+            "content-length": str(record.bytes),
+            "content-disposition": f'attachment; filename="{_header_safe(record.filename)}"'})
 
     async def delete_file(request: Request, tenant: TenantView) -> Response:
         file_id = request.path_params["file_id"]
@@ -183,6 +192,11 @@ def routes(runner: BatchRunner) -> list[Route]:
         Route("/v1/batches/{batch_id}", tenant_route(get_batch), methods=["GET"]),
         Route("/v1/batches/{batch_id}/cancel", tenant_route(cancel_batch), methods=["POST"]),
     ]
+
+
+def _header_safe(name: str) -> str:
+    """A filename fit for a quoted header value (a client chose it)."""
+    return "".join(c if c.isprintable() and c not in '"\\' and ord(c) < 128 else "_" for c in name)
 
 
 def _copy(upload: UploadFile, target: Path) -> None:

@@ -9,6 +9,13 @@ enough that they do not crowd the batch queue's bound.
 
 Every finished line is checkpointed at once (BatchStore.finish_line). After a crash, ``start`` resumes
 every active batch and only lines without a checkpoint run again.
+
+Every gateway process runs lines: each claims a few at a time (as many as it has room for) with a lease
+(``batches.claim_lease_s``) it renews every third of it, so processes sharing a store (the processes of one
+host on SQLite, every replica on PostgreSQL) split a batch's lines and never run one line at the same time.
+A process that dies leaves its claims to lapse after the lease (or to its successor: a process restarted on
+the same host, data directory and process index has the same name and takes its claims back at start); one
+that stops cleanly gives them back.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from collections.abc import AsyncIterator
 
 from gateway import accounting, pipeline
 from gateway.batches import lines
-from gateway.batches.store import BatchRecord, BatchStore
+from gateway.batches.store import ACTIVE, BatchRecord, BatchStore
 from gateway.context import RequestContext
 from gateway.runtime import Gateway
 from gateway.sink import BufferSink
@@ -52,30 +59,27 @@ class Gate:
                 self._changed.notify()
 
 
-POLL_S = 2.0  # how often the line-running process looks for batches created or cancelled by the others
+POLL_S = 2.0  # how often a process looks for batches created or cancelled by the others, and for lapsed claims
 
 
 class BatchRunner:
-    """``runs_lines``: this process runs batch lines (one process per data directory does: process 0 under
-    `tollgate serve --workers N`); the others only serve the API, and the runner picks up what they create or
-    cancel from the store."""
-
-    def __init__(self, gw: Gateway, store: BatchStore, runs_lines: bool = True) -> None:
+    def __init__(self, gw: Gateway, store: BatchStore, owner: str) -> None:
+        """``owner``: this process's name on its claims, the same after a restart in its place."""
         self.gw = gw
         self.store = store
-        self.runs_lines = runs_lines
+        self.owner = owner
         self.gate = Gate()
         self._drivers: dict[str, asyncio.Task[None]] = {}
         self._stops: dict[str, asyncio.Event] = {}
-        self._poller: asyncio.Task[None] | None = None
+        self._background: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         """Resume every batch a previous run left active, then keep looking for new ones."""
-        if not self.runs_lines:
-            return
+        await self.store.do(self.store.release, self.owner)  # what this process held before a crash
         for batch_id in await self.store.do(self.store.active_batches):
             self.drive(batch_id)
-        self._poller = asyncio.get_running_loop().create_task(self._poll())
+        loop = asyncio.get_running_loop()
+        self._background = [loop.create_task(self._poll()), loop.create_task(self._renew())]
 
     async def _poll(self) -> None:
         while True:
@@ -91,17 +95,35 @@ class BatchRunner:
             except Exception:
                 log.exception("batch poll failed")
 
+    async def _renew(self) -> None:
+        """Keep this process's claims alive; a failed renewal is retried next time (a lease outlasts two)."""
+        while True:
+            lease_s = self.lease_s
+            await asyncio.sleep(lease_s / 3)
+            try:
+                await self.store.do(self.store.renew, self.owner, lease_s)
+            except Exception:
+                log.exception("renewing batch line claims failed")
+
+    @property
+    def lease_s(self) -> float:
+        return self.gw.store.current.policy.batches.claim_lease_s
+
     async def close(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
+        for task in self._background:
+            task.cancel()
         tasks = list(self._drivers.values())
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, *self._background, return_exceptions=True)
+        try:
+            await self.store.do(self.store.release, self.owner)  # the others take these lines at once
+        except Exception:
+            log.exception("giving back batch line claims failed; they lapse in %.0f s", self.lease_s)
 
     def drive(self, batch_id: str) -> None:
-        """Take a batch to a final status, in the background (in the process that runs lines)."""
-        if batch_id in self._drivers or not self.runs_lines:
+        """Take a batch to a final status, in the background."""
+        if batch_id in self._drivers:
             return
         self._stops[batch_id] = asyncio.Event()
         task = asyncio.get_running_loop().create_task(self._drive(batch_id), name=f"batch {batch_id}")
@@ -130,8 +152,7 @@ class BatchRunner:
 
     async def _advance(self, batch_id: str) -> None:
         store = self.store
-        while (record := await store.do(store.get_batch, batch_id)) is not None and record.status in (
-                "validating", "in_progress", "finalizing", "cancelling"):
+        while (record := await store.do(store.get_batch, batch_id)) is not None and record.status in ACTIVE:
             if record.status == "validating":
                 await self._validate(record)
             elif record.status == "in_progress":
@@ -158,44 +179,52 @@ class BatchRunner:
                 "param": "input_file_id", "line": None}])
             return
         max_lines = self.gw.store.current.policy.batches.max_lines
-        found, errors = await asyncio.to_thread(lines.validate, store.file_path(row["input_file_id"]),
-                                                row["endpoint"], max_lines)
+        found, errors = await store.do(store.validate_file, row["input_file_id"], row["endpoint"], max_lines)
         if errors:
             await store.do(store.fail_validation, record.id, errors)
         else:
             await store.do(store.start_lines, record.id, found)
 
     async def _run_lines(self, record: BatchRecord) -> str:
-        """Run the unfinished lines; say why it stopped: completed, cancelled or expired."""
-        work: asyncio.Queue[tuple[int, str, int]] = asyncio.Queue()
-        for line_no, custom_id in await self.store.do(self.store.pending, record.id):
-            work.put_nowait((line_no, custom_id, 0))
-        stop = self._stops[record.id]
-        workers = [asyncio.create_task(self._work(record, work))
-                   for _ in range(min(work.qsize(), self.gw.store.current.policy.batches.max_inflight_lines))]
-        joined, stopped = asyncio.create_task(work.join()), asyncio.create_task(stop.wait())
+        """Claim and run unfinished lines until none is left; say why it stopped: completed, cancelled or
+        expired. Lines other processes hold are waited for (their claims lapse if those processes died)."""
+        store, stop = self.store, self._stops[record.id]
+        running: set[asyncio.Task[None]] = set()
+        stopped = asyncio.create_task(stop.wait())
         try:
-            await asyncio.wait((joined, stopped), timeout=max(0.0, record.row["expires_at"] - time.time()),
-                               return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (*workers, joined, stopped):
-                task.cancel()
-            await asyncio.gather(*workers, joined, stopped, return_exceptions=True)
-        if stop.is_set():
+            while not stop.is_set():
+                left = record.row["expires_at"] - time.time()
+                if left <= 0:
+                    return "expired"
+                room = self.gw.store.current.policy.batches.max_inflight_lines - len(running)
+                if room > 0:
+                    for line_no, custom_id in await store.do(store.claim, record.id, self.owner, room,
+                                                             self.lease_s):
+                        running.add(asyncio.create_task(self._line(record, line_no, custom_id)))
+                if not running and await store.do(store.unfinished, record.id) == 0:
+                    return "completed"
+                done, _ = await asyncio.wait({*running, stopped}, timeout=min(POLL_S, left),
+                                             return_when=asyncio.FIRST_COMPLETED)
+                running -= done
+                for task in done - {stopped}:
+                    if not task.cancelled() and task.exception() is not None:
+                        log.error("batch %s: a line failed: %r", record.id, task.exception())
             return "cancelled"
-        return "completed" if work.empty() and joined.done() and not joined.cancelled() else "expired"
+        finally:
+            for task in (*running, stopped):
+                task.cancel()
+            await asyncio.gather(*running, stopped, return_exceptions=True)
 
-    async def _work(self, record: BatchRecord, work: asyncio.Queue[tuple[int, str, int]]) -> None:
+    async def _line(self, record: BatchRecord, line_no: int, custom_id: str) -> None:
+        """One claimed line to its checkpoint, waiting out sheds and retrying worker failures."""
+        failures = 0
         while True:
-            line_no, custom_id, failures = await work.get()
-            try:
-                async with self.gate.slot(self.gw.store.current.policy.batches.max_inflight_lines):
-                    retry_in, failed = await self._run_line(record, line_no, custom_id, failures)
-                if retry_in is not None:
-                    await asyncio.sleep(retry_in)
-                    work.put_nowait((line_no, custom_id, failures + failed))
-            finally:
-                work.task_done()
+            async with self.gate.slot(self.gw.store.current.policy.batches.max_inflight_lines):
+                retry_in, failed = await self._run_line(record, line_no, custom_id, failures)
+            if retry_in is None:
+                return
+            failures += failed
+            await asyncio.sleep(retry_in)
 
     async def _run_line(self, record: BatchRecord, line_no: int, custom_id: str,
                         failures: int) -> tuple[float | None, int]:

@@ -1,15 +1,24 @@
-"""Durable state of the Batch API: files on disk, batch and line state in SQLite, in a data directory.
+"""Durable state of the Batch API: files, batches and lines, in the data directory or in PostgreSQL.
+
+Two stores share the SQL below: ``SqliteBatchStore`` (the embedded default: SQLite and files in the data
+directory, for the gateway processes of one host) and ``PostgresBatchStore`` (``state.postgres_dsn``: tables
+and file chunks in PostgreSQL, so every replica serves every batch and runs its lines).
 
 Every method is blocking and runs on one thread of its own (``BatchStore.do``), so the event loop never
-waits on disk and the SQLite connection is used from the thread that made it. SQLite runs in WAL mode with
-synchronous=NORMAL: a commit survives the process being killed (the crash the issue asks about), not a
-power cut. A line's result is committed the moment it finishes, so after a restart only the lines that were
-in flight run again and every ``custom_id`` ends in the output or error file exactly once.
+waits on disk and the connection is used from the thread that made it. SQLite runs in WAL mode with
+synchronous=NORMAL: a commit survives the process being killed, not a power cut. A line's result is
+committed the moment it finishes, so after a crash only the lines that were in flight run again and every
+``custom_id`` ends in the output or error file exactly once.
+
+Lines are claimed before they run (``claim``): a claim names its process and lasts ``lease_s``, renewed while
+the process is alive, so two processes never run the same line at once; a killed process's claims lapse and
+another process takes its lines.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import sqlite3
@@ -22,7 +31,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from gateway.batches.lines import Line, unanswered
+from gateway.batches.lines import Line, unanswered, validate
 
 T = TypeVar("T")
 
@@ -35,21 +44,25 @@ STAMPS = {"in_progress": "in_progress_at", "finalizing": "finalizing_at", "compl
           "cancelled": "cancelled_at"}
 WINDOW_S = 24 * 3600
 
+CHUNK = 1 << 20  # file contents are read (and, in PostgreSQL, stored) a mebibyte at a time
+
+# {blob}: BLOB or BYTEA; {real}: a float column. The same tables in both stores.
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS files (
+CREATE TABLE IF NOT EXISTS batch_files (
     id TEXT PRIMARY KEY, tenant TEXT NOT NULL, purpose TEXT NOT NULL, filename TEXT NOT NULL,
-    bytes INTEGER NOT NULL, created_at INTEGER NOT NULL);
-CREATE INDEX IF NOT EXISTS files_by_tenant ON files (tenant, created_at);
+    bytes BIGINT NOT NULL, created_at BIGINT NOT NULL);
+CREATE INDEX IF NOT EXISTS batch_files_by_tenant ON batch_files (tenant, created_at);
 CREATE TABLE IF NOT EXISTS batches (
     id TEXT PRIMARY KEY, tenant TEXT NOT NULL, endpoint TEXT NOT NULL, input_file_id TEXT NOT NULL,
-    completion_window TEXT NOT NULL, status TEXT NOT NULL, created_at INTEGER NOT NULL,
-    expires_at INTEGER NOT NULL, in_progress_at INTEGER, finalizing_at INTEGER, completed_at INTEGER,
-    failed_at INTEGER, expired_at INTEGER, cancelling_at INTEGER, cancelled_at INTEGER,
+    completion_window TEXT NOT NULL, status TEXT NOT NULL, created_at BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL, in_progress_at BIGINT, finalizing_at BIGINT, completed_at BIGINT,
+    failed_at BIGINT, expired_at BIGINT, cancelling_at BIGINT, cancelled_at BIGINT,
     output_file_id TEXT, error_file_id TEXT, errors TEXT, metadata TEXT, total INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS batches_by_tenant ON batches (tenant, created_at);
-CREATE TABLE IF NOT EXISTS lines (
-    batch_id TEXT NOT NULL, line_no INTEGER NOT NULL, custom_id TEXT NOT NULL, body BLOB NOT NULL,
-    done INTEGER NOT NULL DEFAULT 0, ok INTEGER NOT NULL DEFAULT 0, result BLOB,
+CREATE TABLE IF NOT EXISTS batch_lines (
+    batch_id TEXT NOT NULL, line_no INTEGER NOT NULL, custom_id TEXT NOT NULL, body {blob} NOT NULL,
+    done INTEGER NOT NULL DEFAULT 0, ok INTEGER NOT NULL DEFAULT 0, result {blob},
+    claimed_by TEXT, claimed_until {real},
     PRIMARY KEY (batch_id, line_no));
 """
 
@@ -107,73 +120,82 @@ class BatchRecord:
 
 
 class BatchStore:
-    """Files under ``<data_dir>/files``, state in ``<data_dir>/batches.sqlite3``."""
+    """The Batch API's state; subclasses say where the rows and the file contents live."""
+
+    mark = "?"  # the driver's parameter mark
 
     def __init__(self, data_dir: Path) -> None:
-        self.files_dir = data_dir / "files"
+        self.files_dir = data_dir / "files"  # uploads are staged here (and, in SQLite's store, kept)
         self.files_dir.mkdir(parents=True, exist_ok=True)
-        self._path = data_dir / "batches.sqlite3"
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="tollgate-batches")
-        self._db: sqlite3.Connection | None = None
 
     async def do(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking method of this store on its thread."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     def close(self) -> None:
-        def shut() -> None:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
-        self._executor.submit(shut).result()
+        self._executor.submit(self._disconnect).result()
         self._executor.shutdown()
 
-    @property
-    def db(self) -> sqlite3.Connection:
-        if self._db is None:
-            db = sqlite3.connect(self._path, isolation_level=None)  # autocommit; transactions are explicit
-            db.row_factory = sqlite3.Row
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.executescript(_SCHEMA)
-            self._db = db
-        return self._db
+    # -- what a backend provides --------------------------------------------------------------------------
+
+    def _disconnect(self) -> None:
+        raise NotImplementedError
+
+    def _run(self, sql: str, args: Iterable[Any] = ()) -> Any:
+        """Execute one statement (``?`` marks) and return the cursor."""
+        raise NotImplementedError
+
+    def _transaction(self) -> contextlib.AbstractContextManager[None]:
+        raise NotImplementedError
+
+    def _run_many(self, sql: str, rows: Iterable[tuple[Any, ...]]) -> None:
+        raise NotImplementedError
+
+    def _claimable(self) -> str:
+        """The clause that locks the lines a claim selects (PostgreSQL skips those another claim holds)."""
+        return ""
+
+    def _put_content(self, file_id: str, chunks: Iterable[bytes]) -> int:
+        """Store a file's content (replacing any under that id); return its size."""
+        raise NotImplementedError
+
+    def read_chunk(self, file_id: str, index: int) -> bytes | None:
+        """The ``index``-th CHUNK of a file's content; None past its end."""
+        raise NotImplementedError
+
+    def _drop_content(self, file_id: str) -> None:
+        raise NotImplementedError
+
+    def local_path(self, file_id: str) -> contextlib.AbstractContextManager[Path]:
+        """A path on this host holding the file's content, for as long as the context lasts."""
+        raise NotImplementedError
 
     # -- files ---------------------------------------------------------------------------------------------
 
-    def file_path(self, file_id: str) -> Path:
-        return self.files_dir / file_id
-
     def add_file(self, tenant: str, purpose: str, filename: str, source: Path | None = None,
                  lines: Iterable[bytes] = (), file_id: str | None = None) -> FileRecord:
-        """Store a file (moved from ``source``, or written from ``lines``) and record it; fsync before the row."""
+        """Store a file (taken from ``source``, or written from ``lines``) and record it; content first."""
         file_id = file_id or new_id("file-")
-        path = self.file_path(file_id)
-        tmp = path.with_suffix(".part")
         if source is not None:
-            os.replace(source, tmp)
+            size = self._put_content(file_id, _chunks_of(source))
+            source.unlink(missing_ok=True)
         else:
-            with tmp.open("wb") as out:
-                for line in lines:
-                    out.write(line)
-                    out.write(b"\n")
-        with tmp.open("rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        record = FileRecord(file_id, tenant, purpose, filename, path.stat().st_size, int(time.time()))
-        self.db.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?)",
-                        (record.id, record.tenant, record.purpose, record.filename, record.bytes,
-                         record.created_at))
+            size = self._put_content(file_id, (line + b"\n" for line in lines))
+        record = FileRecord(file_id, tenant, purpose, filename, size, int(time.time()))
+        self._run("INSERT INTO batch_files VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                  "bytes = excluded.bytes", (record.id, record.tenant, record.purpose, record.filename,
+                                             record.bytes, record.created_at))
         return record
 
     def get_file(self, tenant: str, file_id: str) -> FileRecord | None:
-        row = self.db.execute("SELECT * FROM files WHERE id = ? AND tenant = ?", (file_id, tenant)).fetchone()
-        return FileRecord(**dict(row)) if row else None
+        row = self._run("SELECT * FROM batch_files WHERE id = ? AND tenant = ?", (file_id, tenant)).fetchone()
+        return FileRecord(**_dict(row)) if row else None
 
     def list_files(self, tenant: str, purpose: str | None, limit: int, after: str | None,
                    newest_first: bool) -> list[FileRecord]:
         order = "DESC" if newest_first else "ASC"
-        sql, args = "SELECT * FROM files WHERE tenant = ?", [tenant]
+        sql, args = "SELECT * FROM batch_files WHERE tenant = ?", [tenant]
         if purpose:
             sql += " AND purpose = ?"
             args.append(purpose)
@@ -181,12 +203,12 @@ class BatchStore:
             sql += f" AND (created_at, id) {'<' if newest_first else '>'} (?, ?)"
             args += [anchor.created_at, anchor.id]
         sql += f" ORDER BY created_at {order}, id {order} LIMIT ?"
-        return [FileRecord(**dict(row)) for row in self.db.execute(sql, (*args, limit))]
+        return [FileRecord(**_dict(row)) for row in self._run(sql, (*args, limit)).fetchall()]
 
     def delete_file(self, tenant: str, file_id: str) -> bool:
-        if self.db.execute("DELETE FROM files WHERE id = ? AND tenant = ?", (file_id, tenant)).rowcount == 0:
+        if self._run("DELETE FROM batch_files WHERE id = ? AND tenant = ?", (file_id, tenant)).rowcount == 0:
             return False
-        self.file_path(file_id).unlink(missing_ok=True)
+        self._drop_content(file_id)
         return True
 
     # -- batches -------------------------------------------------------------------------------------------
@@ -195,7 +217,7 @@ class BatchStore:
                      metadata: dict[str, str] | None) -> BatchRecord:
         now = int(time.time())
         batch_id = new_id("batch_")
-        self.db.execute(
+        self._run(
             "INSERT INTO batches (id, tenant, endpoint, input_file_id, completion_window, status, created_at, "
             "expires_at, metadata) VALUES (?, ?, ?, ?, ?, 'validating', ?, ?, ?)",
             (batch_id, tenant, endpoint, input_file_id, window, now, now + WINDOW_S,
@@ -205,13 +227,17 @@ class BatchStore:
         return record
 
     def get_batch(self, batch_id: str, tenant: str | None = None) -> BatchRecord | None:
-        row = self.db.execute("SELECT * FROM batches WHERE id = ?", (batch_id,)).fetchone()
-        if row is None or (tenant is not None and row["tenant"] != tenant):
+        row = self._run("SELECT * FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        if row is None:
             return None
-        completed, failed = self.db.execute(
-            "SELECT coalesce(sum(ok), 0), coalesce(sum(done) - sum(ok), 0) FROM lines WHERE batch_id = ?",
+        batch = _dict(row)
+        if tenant is not None and batch["tenant"] != tenant:
+            return None
+        completed, failed = self._run(
+            "SELECT coalesce(sum(ok), 0) AS completed, coalesce(sum(done) - sum(ok), 0) AS failed FROM batch_lines "
+            "WHERE batch_id = ?",
             (batch_id,)).fetchone()
-        return BatchRecord(dict(row), completed, failed)
+        return BatchRecord(batch, int(completed), int(failed))
 
     def list_batches(self, tenant: str, limit: int, after: str | None) -> list[BatchRecord]:
         sql, args = "SELECT id FROM batches WHERE tenant = ?", [tenant]
@@ -219,13 +245,13 @@ class BatchStore:
             sql += " AND (created_at, id) < (?, ?)"
             args += [anchor.row["created_at"], anchor.id]
         sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
-        ids = [row[0] for row in self.db.execute(sql, (*args, limit))]
+        ids = [row[0] for row in self._run(sql, (*args, limit)).fetchall()]
         return [b for i in ids if (b := self.get_batch(i)) is not None]
 
     def active_batches(self) -> list[str]:
         marks = ",".join("?" * len(ACTIVE))
-        return [row[0] for row in self.db.execute(
-            f"SELECT id FROM batches WHERE status IN ({marks}) ORDER BY created_at", ACTIVE)]
+        return [row[0] for row in self._run(
+            f"SELECT id FROM batches WHERE status IN ({marks}) ORDER BY created_at", ACTIVE).fetchall()]
 
     def set_status(self, batch_id: str, status: str, only_from: tuple[str, ...] = ACTIVE, **fields: Any) -> bool:
         """Move a batch to ``status`` (stamping its time) if it is in one of ``only_from``; False if not."""
@@ -233,59 +259,83 @@ class BatchStore:
         values |= fields
         sets = ", ".join(["status = ?", *(f"{k} = ?" for k in values)])
         marks = ",".join("?" * len(only_from))
-        cursor = self.db.execute(f"UPDATE batches SET {sets} WHERE id = ? AND status IN ({marks})",
-                                 (status, *values.values(), batch_id, *only_from))
-        return cursor.rowcount == 1
+        cursor = self._run(f"UPDATE batches SET {sets} WHERE id = ? AND status IN ({marks})",
+                           (status, *values.values(), batch_id, *only_from))
+        return int(cursor.rowcount) == 1
 
     def fail_validation(self, batch_id: str, errors: list[dict[str, Any]]) -> None:
         self.set_status(batch_id, "failed", ("validating",), errors=orjson.dumps(errors).decode())
 
     def start_lines(self, batch_id: str, lines: list[Line]) -> bool:
         """Record the validated lines and move to in_progress, in one transaction (a crash redoes both)."""
-        db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            db.execute("DELETE FROM lines WHERE batch_id = ?", (batch_id,))
-            db.executemany("INSERT INTO lines (batch_id, line_no, custom_id, body) VALUES (?, ?, ?, ?)",
+        with self._transaction():
+            if self._run("SELECT status FROM batches WHERE id = ?", (batch_id,)).fetchone()[0] != "validating":
+                return False  # another process got there first
+            self._run("DELETE FROM batch_lines WHERE batch_id = ?", (batch_id,))
+            self._run_many("INSERT INTO batch_lines (batch_id, line_no, custom_id, body) VALUES (?, ?, ?, ?)",
                            ((batch_id, line.line_no, line.custom_id, line.body) for line in lines))
-            moved = self.set_status(batch_id, "in_progress", ("validating",), total=len(lines))
-            db.execute("COMMIT" if moved else "ROLLBACK")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        return moved
+            return self.set_status(batch_id, "in_progress", ("validating",), total=len(lines))
 
-    def pending(self, batch_id: str) -> list[tuple[int, str]]:
-        """(line number, custom_id) of each line not finished yet, in file order; bodies stay on disk."""
-        return [(row[0], row[1]) for row in self.db.execute(
-            "SELECT line_no, custom_id FROM lines WHERE batch_id = ? AND done = 0 ORDER BY line_no", (batch_id,))]
+    def claim(self, batch_id: str, owner: str, most: int, lease_s: float) -> list[tuple[int, str]]:
+        """Claim up to ``most`` unfinished lines no live claim holds, for ``owner``, in file order."""
+        now = time.time()
+        with self._transaction():
+            rows = self._run(
+                "SELECT line_no, custom_id FROM batch_lines WHERE batch_id = ? AND done = 0 AND "
+                f"(claimed_until IS NULL OR claimed_until < ?) ORDER BY line_no LIMIT ?{self._claimable()}",
+                (batch_id, now, most)).fetchall()
+            if rows:
+                self._run("UPDATE batch_lines SET claimed_by = ?, claimed_until = ? WHERE batch_id = ? AND "
+                          f"line_no IN ({','.join('?' * len(rows))})",
+                          (owner, now + lease_s, batch_id, *(row[0] for row in rows)))
+        return [(int(row[0]), str(row[1])) for row in rows]
+
+    def renew(self, owner: str, lease_s: float) -> int:
+        """Extend every unfinished line ``owner`` holds; return how many."""
+        return int(self._run("UPDATE batch_lines SET claimed_until = ? WHERE claimed_by = ? AND done = 0",
+                             (time.time() + lease_s, owner)).rowcount)
+
+    def release(self, owner: str) -> None:
+        """Give back every unfinished line ``owner`` holds (a clean stop: others take them at once)."""
+        self._run("UPDATE batch_lines SET claimed_by = NULL, claimed_until = NULL WHERE claimed_by = ? AND "
+                  "done = 0", (owner,))
+
+    def unfinished(self, batch_id: str) -> int:
+        return int(self._run("SELECT count(*) FROM batch_lines WHERE batch_id = ? AND done = 0",
+                             (batch_id,)).fetchone()[0])
 
     def body(self, batch_id: str, line_no: int) -> bytes:
-        row = self.db.execute("SELECT body FROM lines WHERE batch_id = ? AND line_no = ?",
-                              (batch_id, line_no)).fetchone()
+        row = self._run("SELECT body FROM batch_lines WHERE batch_id = ? AND line_no = ?",
+                        (batch_id, line_no)).fetchone()
         return bytes(row[0])
 
     def finish_line(self, batch_id: str, line_no: int, ok: bool, result: bytes) -> None:
         """Checkpoint one line's output line; a line already finished keeps its first result."""
-        self.db.execute("UPDATE lines SET done = 1, ok = ?, result = ? WHERE batch_id = ? AND line_no = ? "
-                        "AND done = 0", (int(ok), result, batch_id, line_no))
+        self._run("UPDATE batch_lines SET done = 1, ok = ?, result = ?, claimed_by = NULL WHERE batch_id = ? "
+                  "AND line_no = ? AND done = 0", (int(ok), result, batch_id, line_no))
 
     def close_pending(self, batch_id: str, code: str, message: str) -> None:
         """Finish every line that has not run with an error line (the batch expired or was cancelled)."""
-        db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            for line_no, custom_id in self.pending(batch_id):
-                self.finish_line(batch_id, line_no, False, unanswered(custom_id, code, message))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+        with self._transaction():
+            for line_no, custom_id in self._run(
+                    "SELECT line_no, custom_id FROM batch_lines WHERE batch_id = ? AND done = 0 ORDER BY line_no",
+                    (batch_id,)).fetchall():
+                self.finish_line(batch_id, int(line_no), False, unanswered(str(custom_id), code, message))
 
-    def results(self, batch_id: str, ok: bool) -> Iterator[bytes]:
-        for (result,) in self.db.execute("SELECT result FROM lines WHERE batch_id = ? AND done = 1 AND ok = ? "
-                                         "ORDER BY line_no", (batch_id, int(ok))):
-            yield result
+    def results(self, batch_id: str, ok: bool, page: int = 1000) -> Iterator[bytes]:
+        """The finished lines' output lines in file order, a page at a time (memory stays bounded)."""
+        after = -1
+        while rows := self._run("SELECT line_no, result FROM batch_lines WHERE batch_id = ? AND done = 1 AND "
+                                "ok = ? AND line_no > ? ORDER BY line_no LIMIT ?",
+                                (batch_id, int(ok), after, page)).fetchall():
+            for _, result in rows:
+                yield bytes(result)
+            after = int(rows[-1][0])
+
+    def validate_file(self, file_id: str, endpoint: str, max_lines: int) -> tuple[list[Line], list[dict[str, Any]]]:
+        """Parse and check a batch input file (batches.lines.validate) from wherever its content lives."""
+        with self.local_path(file_id) as path:
+            return validate(path, endpoint, max_lines)
 
     def finalize(self, batch_id: str, final: str) -> None:
         """Write the output and error files from the checkpointed lines, then end the batch in ``final``.
@@ -301,3 +351,187 @@ class BatchStore:
                 ids[field] = self.add_file(record.tenant, "batch_output", f"{batch_id}_{name}.jsonl",
                                            lines=self.results(batch_id, ok), file_id=prefix + suffix).id
         self.set_status(batch_id, final, ACTIVE, **ids)
+
+
+class SqliteBatchStore(BatchStore):
+    """Rows in ``<data_dir>/batches.sqlite3``, file contents under ``<data_dir>/files``."""
+
+    def __init__(self, data_dir: Path) -> None:
+        super().__init__(data_dir)
+        self._path = data_dir / "batches.sqlite3"
+        self._db: sqlite3.Connection | None = None
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:
+            # autocommit (transactions are explicit); used from the store's one thread, closed from wherever close() is
+            db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA busy_timeout=5000")  # the other processes of this host write too
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "lines" in tables and "batch_lines" not in tables:  # a data directory from before claims
+                db.executescript("ALTER TABLE files RENAME TO batch_files; ALTER TABLE lines RENAME TO batch_lines; "
+                                 "ALTER TABLE batch_lines ADD COLUMN claimed_by TEXT; "
+                                 "ALTER TABLE batch_lines ADD COLUMN claimed_until REAL;")
+            db.executescript(_SCHEMA.format(blob="BLOB", real="REAL"))
+            self._db = db
+        return self._db
+
+    def _disconnect(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def _run(self, sql: str, args: Iterable[Any] = ()) -> Any:
+        return self.db.execute(sql, tuple(args))
+
+    def _run_many(self, sql: str, rows: Iterable[tuple[Any, ...]]) -> None:
+        self.db.executemany(sql, rows)
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        db = self.db
+        if db.in_transaction:
+            yield
+            return
+        db.execute("BEGIN IMMEDIATE")  # the write lock now: a claim's select and update see one state
+        try:
+            yield
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def file_path(self, file_id: str) -> Path:
+        return self.files_dir / file_id
+
+    def _put_content(self, file_id: str, chunks: Iterable[bytes]) -> int:
+        path = self.file_path(file_id)
+        tmp = path.with_suffix(".part")
+        with tmp.open("wb") as out:
+            for chunk in chunks:
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+        return path.stat().st_size
+
+    def read_chunk(self, file_id: str, index: int) -> bytes | None:
+        with self.file_path(file_id).open("rb") as f:
+            f.seek(index * CHUNK)
+            return f.read(CHUNK) or None
+
+    def _drop_content(self, file_id: str) -> None:
+        self.file_path(file_id).unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def local_path(self, file_id: str) -> Iterator[Path]:
+        yield self.file_path(file_id)
+
+
+class PostgresBatchStore(BatchStore):
+    """Rows and file contents (in CHUNK-sized rows) in PostgreSQL, shared by every replica; the data
+    directory only stages uploads."""
+
+    mark = "%s"
+
+    def __init__(self, data_dir: Path, dsn: str) -> None:
+        super().__init__(data_dir)
+        self.dsn = dsn
+        self._db: Any = None
+
+    @property
+    def db(self) -> Any:
+        if self._db is None or self._db.closed:
+            import psycopg
+            from psycopg.rows import namedtuple_row
+
+            db = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5, row_factory=namedtuple_row)
+            with db.transaction():
+                db.execute("SELECT pg_advisory_xact_lock(7454)")  # replicas starting together
+                for statement in _SCHEMA.format(blob="BYTEA", real="DOUBLE PRECISION").split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute("CREATE TABLE IF NOT EXISTS batch_file_chunks (file_id TEXT NOT NULL, seq INTEGER "
+                           "NOT NULL, data BYTEA NOT NULL, PRIMARY KEY (file_id, seq))")
+            self._db = db
+        return self._db
+
+    def _disconnect(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def _run(self, sql: str, args: Iterable[Any] = ()) -> Any:
+        return self.db.execute(sql.replace("?", "%s"), tuple(args))
+
+    def _run_many(self, sql: str, rows: Iterable[tuple[Any, ...]]) -> None:
+        with self.db.cursor() as cursor:
+            cursor.executemany(sql.replace("?", "%s"), rows)  # pipelined: one round trip per batch of rows
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        with self.db.transaction():
+            yield
+
+    def _claimable(self) -> str:
+        return " FOR UPDATE SKIP LOCKED"
+
+    def _put_content(self, file_id: str, chunks: Iterable[bytes]) -> int:
+        size = 0
+        with self._transaction():
+            self._run("DELETE FROM batch_file_chunks WHERE file_id = ?", (file_id,))
+            for seq, chunk in enumerate(_rechunk(chunks)):
+                self._run("INSERT INTO batch_file_chunks VALUES (?, ?, ?)", (file_id, seq, chunk))
+                size += len(chunk)
+        return size
+
+    def read_chunk(self, file_id: str, index: int) -> bytes | None:
+        row = self._run("SELECT data FROM batch_file_chunks WHERE file_id = ? AND seq = ?",
+                        (file_id, index)).fetchone()
+        return bytes(row[0]) if row else None
+
+    def _drop_content(self, file_id: str) -> None:
+        self._run("DELETE FROM batch_file_chunks WHERE file_id = ?", (file_id,))
+
+    @contextlib.contextmanager
+    def local_path(self, file_id: str) -> Iterator[Path]:
+        path = self.files_dir / (new_id("local-") + ".part")
+        try:
+            with path.open("wb") as out:
+                index = 0
+                while (chunk := self.read_chunk(file_id, index)) is not None:
+                    out.write(chunk)
+                    index += 1
+            yield path
+        finally:
+            path.unlink(missing_ok=True)
+
+
+def open_batch_store(data_dir: Path, postgres_dsn: str | None) -> BatchStore:
+    """PostgreSQL when replicas share state (``state.postgres_dsn``), else the data directory."""
+    return PostgresBatchStore(data_dir, postgres_dsn) if postgres_dsn else SqliteBatchStore(data_dir)
+
+
+def _dict(row: Any) -> dict[str, Any]:
+    return dict(row) if isinstance(row, sqlite3.Row) else row._asdict() if hasattr(row, "_asdict") else dict(row)
+
+
+def _chunks_of(path: Path) -> Iterator[bytes]:
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            yield chunk
+
+
+def _rechunk(pieces: Iterable[bytes]) -> Iterator[bytes]:
+    """Pieces of any size (lines) as CHUNK-sized blocks, the last one shorter."""
+    buffer = bytearray()
+    for piece in pieces:
+        buffer += piece
+        while len(buffer) >= CHUNK:
+            yield bytes(buffer[:CHUNK])
+            del buffer[:CHUNK]
+    if buffer:
+        yield bytes(buffer)

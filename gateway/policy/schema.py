@@ -215,6 +215,8 @@ class BatchPolicy(Strict):
 
     max_file_bytes: int = Field(200 * 1024 * 1024, ge=1024, description="larger uploads get 413 (OpenAI: 200 MB)")
     max_lines: int = Field(50_000, ge=1, description="lines per batch input file (OpenAI: 50,000)")
+    claim_lease_s: float = Field(60, ge=1, le=3600, description="a line a gateway process claimed is its own "
+                                 "this long (renewed while it lives); a killed process's lines wait this long")
     max_inflight_lines: int = Field(64, ge=1, description="batch lines handed to the scheduler at once, all "
                                     "batches together; the scheduler still runs them only in spare capacity")
     line_attempts: int = Field(3, ge=1, description="tries of a line that fails in the gateway or a worker (5xx); "

@@ -308,6 +308,8 @@ class Controller:
         return {name: {"granted": s.granted, "granted_by_tenant": dict(s.held),
                        "drain_rate_per_s": round(s.drain_rate(now), 2), "queued_bytes": s.queued_bytes,
                        "learned_limits": {w.url: w.learned_limit for w in s.workers},
+                       "agreed_limits": {w.url: w.agreed_limit for w in s.workers if w.agreed_limit},
+                       "share": {"index": self.share.index, "of": self.share.of, "ready": self.share.ready},
                        "classes": {k: {"depth": q.count, "oldest_wait_s": round(q.oldest_wait(now), 3),
                                        "by_tenant": q.depth_by_tenant()} for k, q in s.queues.items()}}
                 for name, s in self.pools.items()}

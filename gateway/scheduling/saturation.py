@@ -99,7 +99,8 @@ def worker_slots(worker: Worker, spec: Pool, scheduling: SchedulingPolicy, now: 
         return worker.inflight  # unknown, or nearly out of KV cache: nothing new until it reports room
     # A worker that queued requests at its last scrape has had its limit lowered to what it runs (learn());
     # from there the gateway's own in-flight count, fresher than any scrape, says when a slot is free.
-    return share.of_limit(worker.learned_limit or min(spec.max_inflight_per_worker, START_LIMIT))
+    limit = worker.learned_limit or min(spec.max_inflight_per_worker, START_LIMIT)
+    return share.of_limit(min(limit, worker.agreed_limit) if worker.agreed_limit else limit)
 
 
 def capacity(workers: list[Worker], spec: Pool, scheduling: SchedulingPolicy, now: float,

@@ -8,7 +8,11 @@ uneven load across replicas a worker may idle below its limit (the load balancer
 two-replica overload run in loadtest/RESULTS.md measures it).
 
 Each process writes a heartbeat (a sorted set: member = process id, score = time) every ``beat_s`` and reads
-the live list back; a process silent for ``3 * beat_s`` has left, and the others take its part. A newcomer
+the live list back; a process silent for ``3 * beat_s`` has left, and the others take its part. The heartbeat
+carries the limits this process learned for each worker; every process splits the lowest of them (``agreed``),
+so a replica that saw the engine queue and lowered its limit lowers everyone's within a heartbeat, and
+replicas probing upwards at different moments do not add their probes together (measured: without it, the
+two-replica overload run put one request over the engine's limit in 5% of samples). A newcomer
 takes its part only after ``2 * beat_s``, when every other process has seen it and shrunk its own part; until
 then it sends nothing new upstream (it queues). While Redis is down each process keeps its last known place
 (the parts still add up to the limit unless a process joined meanwhile); never known: the host's static split.
@@ -23,6 +27,8 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
+import orjson
+
 from gateway.scheduling.saturation import Share
 
 if TYPE_CHECKING:
@@ -30,14 +36,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tollgate.state")
 
-# Announce, drop the silent, list the live: one step, timed by Redis's clock (hosts' clocks may disagree).
+# Announce with this process's learned limits, drop the silent, return the live and their limits: one step,
+# timed by Redis's clock (hosts' clocks may disagree).
 _BEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
+local silent = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
+for _, id in ipairs(silent) do
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('HDEL', KEYS[2], id)
+end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
-return redis.call('ZRANGE', KEYS[1], 0, -1)
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+return {redis.call('ZRANGE', KEYS[1], 0, -1), redis.call('HGETALL', KEYS[2])}
 """
 
 
@@ -46,21 +59,24 @@ class Replicas:
         assert state.redis is not None
         self.redis = state.redis
         self.key = state.prefix + "replicas"
+        self.limits_key = state.prefix + "replica-limits"
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.beat_s = beat_s
         self.share = fallback
         self.live: list[str] = []
+        self.agreed: dict[str, int] = {}  # worker URL -> the lowest limit a live process learned for it
         self._script = self.redis.register_script(_BEAT)
         self._joined: float | None = None  # the time of this process's first heartbeat that Redis took
         self._warned = False
 
-    async def beat(self, now: float | None = None) -> Share:
-        """Announce this process, drop the silent ones, and return this process's share (the last one known
-        when Redis does not answer)."""
+    async def beat(self, limits: dict[str, int] | None = None, now: float | None = None) -> Share:
+        """Announce this process and the ``limits`` it learned (worker URL -> limit), drop the silent ones, and
+        return this process's share (the last one known when Redis does not answer)."""
         now = time.monotonic() if now is None else now
         try:
-            members = await self._script(keys=[self.key],
-                                         args=[self.id, 3 * self.beat_s, max(10, int(30 * self.beat_s))])
+            members, reported = await self._script(
+                keys=[self.key, self.limits_key],
+                args=[self.id, 3 * self.beat_s, max(10, int(30 * self.beat_s)), orjson.dumps(limits or {})])
         except Exception as exc:
             if not self._warned:
                 log.error("Redis unreachable (%s): keeping this process's part of each worker's limit at %s",
@@ -71,6 +87,13 @@ class Replicas:
         if self._joined is None:
             self._joined = now
         self.live = sorted(m.decode() for m in members)
+        agreed: dict[str, int] = {}
+        for member, learned in zip(reported[::2], reported[1::2], strict=True):
+            if member.decode() in self.live:
+                for url, limit in orjson.loads(learned).items():
+                    if limit > 0:
+                        agreed[url] = min(agreed.get(url, limit), limit)
+        self.agreed = agreed
         young = now - self._joined < 2 * self.beat_s and len(self.live) > 1
         self.share = Share(self.live.index(self.id), len(self.live), ready=not young)
         return self.share
@@ -79,5 +102,6 @@ class Replicas:
         """On a clean stop: the others take this part at their next heartbeat instead of after 3 silent ones."""
         try:
             await self.redis.zrem(self.key, self.id)
+            await self.redis.hdel(self.limits_key, self.id)
         except Exception:  # leaving is best effort: silence does the same a moment later
             pass
