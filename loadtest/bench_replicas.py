@@ -108,11 +108,7 @@ def main() -> None:
                     part = asyncio.run(one_round(spec.model_copy(update={"duration_s": per_round}), url, sims,
                                                  samples[arm]))
                     if arm in results:
-                        offset = results[arm].elapsed
-                        for r in part.results:
-                            r.start += offset
-                        results[arm].results += part.results
-                        results[arm].elapsed += part.elapsed
+                        results[arm].extend(part)
                     else:
                         results[arm] = part
             for arm, (_, sims, gateways) in arms.items():

@@ -74,11 +74,7 @@ def main() -> None:
                 for mode in (("priority", "fifo") if i % 2 == 0 else ("fifo", "priority")):
                     part = asyncio.run(run(spec.model_copy(update={"duration_s": per_round}), gateways[mode].url))
                     if mode in results:
-                        offset = results[mode].elapsed
-                        for r in part.results:
-                            r.start += offset
-                        results[mode].results += part.results
-                        results[mode].elapsed += part.elapsed
+                        results[mode].extend(part)
                     else:
                         results[mode] = part
         finally:

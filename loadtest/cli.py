@@ -98,11 +98,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
             if name not in merged:
                 merged[name] = part
             else:
-                offset = merged[name].elapsed
-                for r in part.results:
-                    r.start += offset
-                merged[name].results += part.results
-                merged[name].elapsed += part.elapsed
+                merged[name].extend(part)
             if part.interrupted:
                 break
     rows = {}
@@ -167,11 +163,7 @@ def cmd_ramp(args: argparse.Namespace) -> None:
     knee = find_knee(steps)
     merged = runs[0]
     for part in runs[1:]:
-        offset = merged.elapsed
-        for r in part.results:
-            r.start += offset
-        merged.results += part.results
-        merged.elapsed += part.elapsed
+        merged.extend(part)
     extra = {"steps": steps, "knee_index": knee,
              "knee_offered_rps": None if knee is None else steps[knee]["offered_rps"],
              "capacity_rps": None if not knee else steps[knee - 1]["achieved_rps"]}

@@ -110,7 +110,10 @@ def start_nginx(log_dir: Path, ports: list[int]) -> Proc:
     here.mkdir(parents=True, exist_ok=True)
     (here / "tollgate.conf").write_text(conf)
     (here / "nginx.conf").write_text(
-        f"pid {here}/nginx.pid;\nerror_log {here}/error.log;\nworker_processes 1;\nevents {{}}\nhttp {{\n"
+        f"pid {here}/nginx.pid;\nerror_log {here}/error.log;\nworker_processes 1;\n"
+        # streams and queued requests hold two connections each (client and upstream) for their whole life:
+        # nginx's default 512 per worker ran out under the 2x overload (500s and resets, measured)
+        f"worker_rlimit_nofile 65536;\nevents {{ worker_connections 16384; }}\nhttp {{\n"
         f"  access_log off;\n  client_body_temp_path {here}/body;\n  proxy_temp_path {here}/proxy;\n"
         f"  include {here}/tollgate.conf;\n}}\n")
     return start([binary, "-c", str(here / "nginx.conf"), "-p", str(here), "-g", "daemon off;"], listen,

@@ -31,6 +31,14 @@ class Run:
     interrupted: bool = False
     offered_rate: float | None = None
 
+    def extend(self, later: Run) -> None:
+        """Append a later round of the same arm, its start times shifted after this one's."""
+        for r in later.results:
+            r.start += self.elapsed
+        self.results += later.results
+        self.elapsed += later.elapsed
+        self.dropped += later.dropped
+
 
 async def run(spec: Spec, target: str | None = None, progress: Progress | None = None,
               rate: float | None = None, duration: float | None = None) -> Run:

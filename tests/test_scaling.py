@@ -77,13 +77,19 @@ def test_bounds_hold() -> None:
     assert max(d for _, d, _ in changes) == 3 and min(d for _, d, _ in changes) >= 2
 
 
-def test_ttft_p95_comes_from_the_histograms_last_minute() -> None:
+def one_pool() -> tuple[Policy, GatewayMetrics, Autoscaler]:
+    """Model m on pool p, and an autoscaler over a minute's window that has taken its first step."""
     policy = Policy.model_validate({"version": 1, "allow_empty": True,
                                     "models": {"m": {"pool": "p"}},
                                     "pools": {"p": {"workers": ["http://127.0.0.1:9"]}}})
     metrics = GatewayMetrics()
     scaler = Autoscaler(metrics, window_s=60)
     scaler.step(0.0, policy, {}, {})
+    return policy, metrics, scaler
+
+
+def test_ttft_p95_comes_from_the_histograms_last_minute() -> None:
+    policy, metrics, scaler = one_pool()
     for i in range(100):  # 95 fast answers, 5 slow ones
         metrics.ttft.labels("premium", "m").observe(0.05 if i < 95 else 3.0)
     scaler.step(10.0, policy, {}, {})
@@ -99,12 +105,7 @@ def test_ttft_p95_comes_from_the_histograms_last_minute() -> None:
 
 
 def test_each_class_is_held_to_its_own_ttft_objective() -> None:
-    policy = Policy.model_validate({"version": 1, "allow_empty": True,
-                                    "models": {"m": {"pool": "p"}},
-                                    "pools": {"p": {"workers": ["http://127.0.0.1:9"]}}})
-    metrics = GatewayMetrics()
-    scaler = Autoscaler(metrics, window_s=60)
-    scaler.step(0.0, policy, {}, {})
+    policy, metrics, scaler = one_pool()
     batch_slo = policy.tiers["batch"].slo.ttft_p95_ms / 1000
     for _ in range(50):  # batch waits long, well within its own objective; premium is fast
         metrics.ttft.labels("batch", "m").observe(min(20.0, batch_slo / 4))
