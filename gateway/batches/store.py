@@ -128,6 +128,7 @@ class BatchStore:
         self.files_dir = data_dir / "files"  # uploads are staged here (and, in SQLite's store, kept)
         self.files_dir.mkdir(parents=True, exist_ok=True)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="tollgate-batches")
+        self._db: Any = None  # the backend's connection, made on first use (on the store's thread)
 
     async def do(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking method of this store on its thread."""
@@ -140,7 +141,9 @@ class BatchStore:
     # -- what a backend provides --------------------------------------------------------------------------
 
     def _disconnect(self) -> None:
-        raise NotImplementedError
+        if self._db is not None:
+            self._db.close()
+            self._db = None
 
     def _run(self, sql: str, args: Iterable[Any] = ()) -> Any:
         """Execute one statement (``?`` marks) and return the cursor."""
@@ -359,7 +362,6 @@ class SqliteBatchStore(BatchStore):
     def __init__(self, data_dir: Path) -> None:
         super().__init__(data_dir)
         self._path = data_dir / "batches.sqlite3"
-        self._db: sqlite3.Connection | None = None
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -378,11 +380,6 @@ class SqliteBatchStore(BatchStore):
             db.executescript(_SCHEMA.format(blob="BLOB", real="REAL"))
             self._db = db
         return self._db
-
-    def _disconnect(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
 
     def _run(self, sql: str, args: Iterable[Any] = ()) -> Any:
         return self.db.execute(sql, tuple(args))
@@ -440,7 +437,6 @@ class PostgresBatchStore(BatchStore):
     def __init__(self, data_dir: Path, dsn: str) -> None:
         super().__init__(data_dir)
         self.dsn = dsn
-        self._db: Any = None
 
     @property
     def db(self) -> Any:
@@ -458,11 +454,6 @@ class PostgresBatchStore(BatchStore):
                            "NOT NULL, data BYTEA NOT NULL, PRIMARY KEY (file_id, seq))")
             self._db = db
         return self._db
-
-    def _disconnect(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
 
     def _run(self, sql: str, args: Iterable[Any] = ()) -> Any:
         return self.db.execute(sql.replace("?", "%s"), tuple(args))
