@@ -159,6 +159,9 @@ def test_postgres_store_and_the_spool_while_it_is_down(start_gateway: Callable[.
         chat(client, f"while down {i}", rid=f"{run}-down-{i}")
     spool = data_dir / "ledger-spool.jsonl"
     assert wait_for(lambda: spool.exists() and len(spool.read_bytes().splitlines()) == 10, timeout=15)
+    with pytest.raises(openai.APIStatusError) as refused:  # the batches share the unreachable database
+        client.batches.list()
+    assert refused.value.status_code == 503 and refused.value.code == "batch_store_unavailable"
     down.process.send_signal(signal.SIGTERM)
     down.process.wait(30)
 

@@ -8,6 +8,7 @@ past ``batches.max_file_bytes``; the file is copied into the data directory on a
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -27,6 +28,8 @@ from gateway.openai_api import ApiError, parse_json
 from gateway.policy.loader import TenantView
 from gateway.responses import api_error_response, json_response
 
+log = logging.getLogger("tollgate.batches")
+
 MULTIPART_OVERHEAD = 64 * 1024  # form boundaries and the other fields, beyond the file itself
 Handler = Callable[[Request, TenantView], Awaitable[Response]]
 
@@ -43,6 +46,11 @@ def routes(runner: BatchRunner) -> list[Route]:
                 return await handler(request, tenant)
             except ApiError as exc:
                 return api_error_response(exc)
+            except store.unavailable as exc:
+                log.warning("batch store unavailable: %s", exc)
+                return api_error_response(ApiError(503, "The batch store is unreachable; retry shortly.",
+                                                   "server_error", "batch_store_unavailable",
+                                                   headers=[(b"retry-after", b"5")]))
         return route
 
     async def upload(request: Request, tenant: TenantView) -> Response:

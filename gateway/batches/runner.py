@@ -74,17 +74,18 @@ class BatchRunner:
         self._background: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        """Resume every batch a previous run left active, then keep looking for new ones."""
-        await self.store.do(self.store.release, self.owner)  # what this process held before a crash
-        for batch_id in await self.store.do(self.store.active_batches):
-            self.drive(batch_id)
+        """Resume every batch a previous run left active, then keep looking for new ones (in the background:
+        the gateway starts, and serves live traffic, while the batch store is unreachable)."""
         loop = asyncio.get_running_loop()
         self._background = [loop.create_task(self._poll()), loop.create_task(self._renew())]
 
     async def _poll(self) -> None:
+        released, failing = False, False
         while True:
-            await asyncio.sleep(POLL_S)
             try:
+                if not released:
+                    await self.store.do(self.store.release, self.owner)  # what it held before a crash
+                    released = True
                 for batch_id in await self.store.do(self.store.active_batches):
                     if batch_id not in self._drivers:
                         self.drive(batch_id)
@@ -92,8 +93,12 @@ class BatchRunner:
                         record = await self.store.do(self.store.get_batch, batch_id)
                         if record is not None and record.status == "cancelling":
                             self.cancel(batch_id)
-            except Exception:
-                log.exception("batch poll failed")
+                failing = False
+            except Exception as exc:
+                if not failing:  # once per outage; the batches wait, nothing is lost
+                    log.error("batch store unreachable (%s); batches wait until it is back", exc)
+                    failing = True
+            await asyncio.sleep(POLL_S)
 
     async def _renew(self) -> None:
         """Keep this process's claims alive; a failed renewal is retried next time (a lease outlasts two)."""

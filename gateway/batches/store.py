@@ -123,6 +123,8 @@ class BatchStore:
     """The Batch API's state; subclasses say where the rows and the file contents live."""
 
     mark = "?"  # the driver's parameter mark
+    # the driver's errors that mean "unreachable or busy now", not a bug: the API answers them with a 503
+    unavailable: tuple[type[Exception], ...] = (sqlite3.OperationalError,)
 
     def __init__(self, data_dir: Path) -> None:
         self.files_dir = data_dir / "files"  # uploads are staged here (and, in SQLite's store, kept)
@@ -435,8 +437,11 @@ class PostgresBatchStore(BatchStore):
     mark = "%s"
 
     def __init__(self, data_dir: Path, dsn: str) -> None:
+        import psycopg
+
         super().__init__(data_dir)
         self.dsn = dsn
+        self.unavailable = (psycopg.OperationalError,)
 
     @property
     def db(self) -> Any:
