@@ -17,6 +17,7 @@ another process takes its lines.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import os
@@ -119,7 +120,7 @@ class BatchRecord:
         }
 
 
-class BatchStore:
+class BatchStore(abc.ABC):
     """The Batch API's state; subclasses say where the rows and the file contents live."""
 
     mark = "?"  # the driver's parameter mark
@@ -147,34 +148,37 @@ class BatchStore:
             self._db.close()
             self._db = None
 
+    @abc.abstractmethod
     def _run(self, sql: str, args: Iterable[Any] = ()) -> Any:
         """Execute one statement (``?`` marks) and return the cursor."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _transaction(self) -> contextlib.AbstractContextManager[None]:
-        raise NotImplementedError
+        """A transaction around the block: committed when it ends, rolled back if it raises."""
 
+    @abc.abstractmethod
     def _run_many(self, sql: str, rows: Iterable[tuple[Any, ...]]) -> None:
-        raise NotImplementedError
+        """Execute one statement for each of many rows, in as few round trips as the driver allows."""
 
     def _claimable(self) -> str:
         """The clause that locks the lines a claim selects (PostgreSQL skips those another claim holds)."""
         return ""
 
+    @abc.abstractmethod
     def _put_content(self, file_id: str, chunks: Iterable[bytes]) -> int:
         """Store a file's content (replacing any under that id); return its size."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def read_chunk(self, file_id: str, index: int) -> bytes | None:
         """The ``index``-th CHUNK of a file's content; None past its end."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _drop_content(self, file_id: str) -> None:
-        raise NotImplementedError
+        """Delete a file's content (its row is already gone)."""
 
+    @abc.abstractmethod
     def local_path(self, file_id: str) -> contextlib.AbstractContextManager[Path]:
         """A path on this host holding the file's content, for as long as the context lasts."""
-        raise NotImplementedError
 
     # -- files ---------------------------------------------------------------------------------------------
 
