@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
@@ -25,6 +26,8 @@ from gateway.state import SharedState
 from gateway.state.replicas import Replicas
 from gateway.upstream.dispatch import connect_trace
 from gateway.upstream.pools import Upstreams
+
+log = logging.getLogger("tollgate.state")
 
 
 class Gateway:
@@ -130,7 +133,10 @@ class Gateway:
         assert self.replicas is not None
         while True:
             await asyncio.sleep(self.replicas.beat_s)
-            await self._beat()
+            try:
+                await self._beat()
+            except Exception:  # a bad entry from another process must not stop this one's heartbeat
+                log.exception("replica heartbeat failed; keeping this process's part of each worker's limit")
 
     def _on_policy(self, snapshot: PolicySnapshot) -> None:
         self.metrics.policy_reloads.labels("ok").inc()
