@@ -118,10 +118,12 @@ class Gateway:
     async def _beat(self) -> None:
         assert self.replicas is not None
         pools = self.upstreams.pools.values()
-        share = await self.replicas.beat({w.url: w.learned_limit for pool in pools for w in pool.workers})
+        share = await self.replicas.beat({w.url: (w.learned_limit, w.inflight) for pool in pools
+                                          for w in pool.workers})
         for pool in pools:
             for worker in pool.workers:
                 worker.agreed_limit = self.replicas.agreed.get(worker.url, 0)
+                worker.others_excess = self.replicas.excess.get(worker.url, 0)
         if share != self.scheduler.share:
             self.scheduler.share = share
             self.metrics.gateway_processes.set(share.of)

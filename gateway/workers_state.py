@@ -38,6 +38,7 @@ class Worker:
     scraped_at: float = 0.0  # monotonic time of the last good metrics read
     learned_limit: int = 0  # the concurrency learned from the worker's metrics (scheduling.saturation)
     agreed_limit: int = 0  # the lowest any live gateway process learned (gateway.state.replicas); 0: none
+    others_excess: int = 0  # what other gateway processes hold here beyond their parts (gateway.state.replicas)
     queued_reads: int = 0  # consecutive metrics reads with requests waiting in the engine
     hold_reads: int = 0  # reads left before the learned limit may probe upwards again
     limit_found: bool = False  # the engine has shown its limit (requests waiting) at least once

@@ -41,10 +41,14 @@ def test_parts_add_up_to_the_limit_as_processes_join_and_leave(namespace: str) -
         assert a.share.of == b.share.of == 2
         for limit in (1, 5, 8, 9):
             assert a.share.of_limit(limit) + b.share.of_limit(limit) == limit
-        await a.beat({"http://w1": 5, "http://w2": 8})
-        await b.beat({"http://w1": 4, "http://w2": 0})  # 0: nothing learned yet
-        await a.beat({"http://w1": 5, "http://w2": 8})
+        await a.beat({"http://w1": (5, 0), "http://w2": (8, 0)})
+        await b.beat({"http://w1": (4, 0), "http://w2": (0, 0)})  # 0: nothing learned yet
+        await a.beat({"http://w1": (5, 0), "http://w2": (8, 0)})
         assert a.agreed == b.agreed == {"http://w1": 4, "http://w2": 8}, "everyone splits the lowest limit"
+        # a holds 4 of w2's 8 (its part) and 3 of w1's 4 (one over its part of 2): b leaves that one unused
+        await a.beat({"http://w1": (4, 3), "http://w2": (8, 4)})
+        await b.beat({"http://w1": (4, 0), "http://w2": (8, 0)})
+        assert b.excess == {"http://w1": 1} and a.excess == {}
 
         await c.beat()
         await asyncio.sleep(2 * BEAT_S)
@@ -59,7 +63,7 @@ def test_parts_add_up_to_the_limit_as_processes_join_and_leave(namespace: str) -
             await b.beat()
         assert a.share.of == b.share.of == 2 and a.share.of_limit(7) + b.share.of_limit(7) == 7
         await b.leave()  # a clean stop: gone at the next beat
-        assert (await a.beat({"http://w1": 5})) == Share(0, 1)
+        assert (await a.beat({"http://w1": (5, 0)})) == Share(0, 1)
         assert a.agreed == {"http://w1": 5}, "a process that left no longer holds the limit down"
         await state.close()
     asyncio.run(main())

@@ -100,7 +100,8 @@ def worker_slots(worker: Worker, spec: Pool, scheduling: SchedulingPolicy, now: 
     # A worker that queued requests at its last scrape has had its limit lowered to what it runs (learn());
     # from there the gateway's own in-flight count, fresher than any scrape, says when a slot is free.
     limit = worker.learned_limit or min(spec.max_inflight_per_worker, START_LIMIT)
-    return share.of_limit(min(limit, worker.agreed_limit) if worker.agreed_limit else limit)
+    part = share.of_limit(min(limit, worker.agreed_limit) if worker.agreed_limit else limit)
+    return max(0, part - worker.others_excess)  # others still over their parts: leave it to them to drain
 
 
 def capacity(workers: list[Worker], spec: Pool, scheduling: SchedulingPolicy, now: float,

@@ -9,10 +9,16 @@ two-replica overload run in loadtest/RESULTS.md measures it).
 
 Each process writes a heartbeat (a sorted set: member = process id, score = time) every ``beat_s`` and reads
 the live list back; a process silent for ``3 * beat_s`` has left, and the others take its part. The heartbeat
-carries the limits this process learned for each worker; every process splits the lowest of them (``agreed``),
-so a replica that saw the engine queue and lowered its limit lowers everyone's within a heartbeat, and
-replicas probing upwards at different moments do not add their probes together (measured: without it, the
-two-replica overload run put one request over the engine's limit in 5% of samples). A newcomer
+carries, per worker, the limit this process learned and how many requests it holds there:
+
+- every process splits the lowest learned limit (``agreed``), so a replica that saw the engine queue and
+  lowered its limit lowers everyone's within a heartbeat, and replicas probing upwards at different moments
+  do not add their probes together (measured: without it, the two-replica overload run put one request over
+  the engine's limit in 5% of samples);
+- a process holding more than its part (its part shrank when another joined, its long streams have not
+  ended yet) is ``excess`` the others leave unused, so a join during a rolling update does not over-fill a
+  worker while the old parts drain (a held count a heartbeat old is an overestimate: a process over its part
+  sends nothing new). A newcomer
 takes its part only after ``2 * beat_s``, when every other process has seen it and shrunk its own part; until
 then it sends nothing new upstream (it queues). While Redis is down each process keeps its last known place
 (the parts still add up to the limit unless a process joined meanwhile); never known: the host's static split.
@@ -65,18 +71,19 @@ class Replicas:
         self.share = fallback
         self.live: list[str] = []
         self.agreed: dict[str, int] = {}  # worker URL -> the lowest limit a live process learned for it
+        self.excess: dict[str, int] = {}  # worker URL -> what the other processes hold beyond their parts
         self._script = self.redis.register_script(_BEAT)
         self._joined: float | None = None  # the time of this process's first heartbeat that Redis took
         self._warned = False
 
-    async def beat(self, limits: dict[str, int] | None = None, now: float | None = None) -> Share:
-        """Announce this process and the ``limits`` it learned (worker URL -> limit), drop the silent ones, and
-        return this process's share (the last one known when Redis does not answer)."""
+    async def beat(self, workers: dict[str, tuple[int, int]] | None = None, now: float | None = None) -> Share:
+        """Announce this process with, per worker URL, (the limit it learned, the requests it holds there);
+        drop the silent ones; return this process's share (the last one known when Redis does not answer)."""
         now = time.monotonic() if now is None else now
         try:
             members, reported = await self._script(
                 keys=[self.key, self.limits_key],
-                args=[self.id, 3 * self.beat_s, max(10, int(30 * self.beat_s)), orjson.dumps(limits or {})])
+                args=[self.id, 3 * self.beat_s, max(10, int(30 * self.beat_s)), orjson.dumps(workers or {})])
         except Exception as exc:
             if not self._warned:
                 log.error("Redis unreachable (%s): keeping this process's part of each worker's limit at %s",
@@ -87,13 +94,23 @@ class Replicas:
         if self._joined is None:
             self._joined = now
         self.live = sorted(m.decode() for m in members)
+        views = {member.decode(): orjson.loads(view) for member, view in zip(reported[::2], reported[1::2],
+                                                                              strict=True)}
+        views = {member: view for member, view in views.items() if member in self.live}
         agreed: dict[str, int] = {}
-        for member, learned in zip(reported[::2], reported[1::2], strict=True):
-            if member.decode() in self.live:
-                for url, limit in orjson.loads(learned).items():
-                    if limit > 0:
-                        agreed[url] = min(agreed.get(url, limit), limit)
-        self.agreed = agreed
+        for view in views.values():
+            for url, (limit, _) in view.items():
+                if limit > 0:
+                    agreed[url] = min(agreed.get(url, limit), limit)
+        excess: dict[str, int] = {}
+        for member, view in views.items():
+            if member == self.id:
+                continue
+            part = Share(self.live.index(member), len(self.live))
+            for url, (_, held) in view.items():
+                if url in agreed and held > part.of_limit(agreed[url]):
+                    excess[url] = excess.get(url, 0) + held - part.of_limit(agreed[url])
+        self.agreed, self.excess = agreed, excess
         young = now - self._joined < 2 * self.beat_s and len(self.live) > 1
         self.share = Share(self.live.index(self.id), len(self.live), ready=not young)
         return self.share
