@@ -13,8 +13,9 @@ import pytest
 from gateway.auth import hash_key
 from gateway.openai_api import ApiError
 from gateway.policy.loader import PolicySnapshot
-from gateway.policy.schema import Policy
+from gateway.policy.schema import Policy, StatePolicy
 from gateway.ratelimit import RateLimiter
+from gateway.state import SharedState
 from tests.conftest import Proc, policy_dict
 
 MODEL = "sim-llama-8b"
@@ -53,6 +54,21 @@ def test_tokens_per_minute_count_the_worst_case() -> None:
         assert "1000 tokens" in caught.value.message
         await limiter.check(t, 400, now=62.0)  # what fits still goes
         await limiter.check(tenant(), 10**9, now=62.0)  # no limit, no count
+    asyncio.run(main())
+
+
+def test_redis_down_counts_against_this_process_part() -> None:
+    """Redis unreachable: the process counts in memory against its part (limit / live processes), not the
+    whole limit, and does not refuse everything either."""
+    async def main() -> None:
+        dead = SharedState(StatePolicy(redis_url="redis://127.0.0.1:1/0", timeout_ms=100))
+        limiter, t = RateLimiter(dead, processes=lambda: 2), tenant(rpm=10)
+        for i in range(5):
+            await limiter.check(t, 10, now=6000.0 + i)
+        with pytest.raises(ApiError) as caught:
+            await limiter.check(t, 10, now=6006.0)
+        assert caught.value.code == "rate_limit_exceeded", "5 of 10: this process's half"
+        await dead.close()
     asyncio.run(main())
 
 

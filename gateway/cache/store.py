@@ -154,8 +154,8 @@ class RedisStore:
         assert state.redis is not None
         self.redis = state.redis
         self._errors = state.errors
-        self.PREFIX = state.prefix + "cache:"
-        self.STREAM = self.PREFIX + "events"
+        self.prefix = state.prefix + "cache:"
+        self.stream = self.prefix + "events"
         # a blocking read of the stream must return before the socket times out
         self._block_ms = max(10, int(state.timeout_s * 600))
 
@@ -166,7 +166,7 @@ class RedisStore:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
 
     def _key(self, entry_id: str) -> str:
-        return f"{self.PREFIX}e:{entry_id}"
+        return f"{self.prefix}e:{entry_id}"
 
     async def get(self, entry_id: str) -> Entry | None:
         data = await self._call(self.redis.hgetall(self._key(entry_id)))
@@ -176,18 +176,18 @@ class RedisStore:
         return entry if entry.alive() else None
 
     async def get_exact(self, exact: str) -> Entry | None:
-        entry_id = await self._call(self.redis.get(f"{self.PREFIX}x:{exact}"))
+        entry_id = await self._call(self.redis.get(f"{self.prefix}x:{exact}"))
         return await self.get(entry_id.decode()) if entry_id else None
 
     async def put(self, entry: Entry, max_per_tenant: int) -> list[str]:
         ttl = max(1, int(entry.expires - time.time()))
-        lru = f"{self.PREFIX}lru:{entry.tenant}"
+        lru = f"{self.prefix}lru:{entry.tenant}"
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(self._key(entry.id), mapping=entry.to_redis())
         pipe.expire(self._key(entry.id), ttl)
-        pipe.set(f"{self.PREFIX}x:{entry.exact}", entry.id, ex=ttl, get=True)
+        pipe.set(f"{self.prefix}x:{entry.exact}", entry.id, ex=ttl, get=True)
         pipe.zadd(lru, {entry.id: time.time()})
-        pipe.xadd(self.STREAM, {"op": "put", "id": entry.id}, maxlen=100_000, approximate=True)
+        pipe.xadd(self.stream, {"op": "put", "id": entry.id}, maxlen=100_000, approximate=True)
         pipe.zcard(lru)
         results = await self._call(pipe.execute())
         replaced = results[2].decode() if results[2] else None
@@ -201,7 +201,7 @@ class RedisStore:
         return evicted
 
     async def touch(self, entry: Entry) -> None:
-        await self._call(self.redis.zadd(f"{self.PREFIX}lru:{entry.tenant}", {entry.id: time.time()}, xx=True))
+        await self._call(self.redis.zadd(f"{self.prefix}lru:{entry.tenant}", {entry.id: time.time()}, xx=True))
 
     async def delete(self, ids: list[str]) -> int:
         """Remove entries; returns how many existed."""
@@ -219,10 +219,10 @@ class RedisStore:
             if exact:
                 # only if the exact key still points here
                 pipe.eval("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end "
-                          "return 0", 1, f"{self.PREFIX}x:{exact.decode()}", entry_id)
+                          "return 0", 1, f"{self.prefix}x:{exact.decode()}", entry_id)
             if tenant:
-                pipe.zrem(f"{self.PREFIX}lru:{tenant.decode()}", entry_id)
-            pipe.xadd(self.STREAM, {"op": "del", "id": entry_id}, maxlen=100_000, approximate=True)
+                pipe.zrem(f"{self.prefix}lru:{tenant.decode()}", entry_id)
+            pipe.xadd(self.stream, {"op": "del", "id": entry_id}, maxlen=100_000, approximate=True)
         results = await self._call(pipe.execute())
         return sum(int(results[i]) for i in deletes)
 
@@ -235,7 +235,7 @@ class RedisStore:
 
     async def scan(self) -> AsyncIterator[Entry]:
         try:
-            async for key in self.redis.scan_iter(match=f"{self.PREFIX}e:*", count=500):
+            async for key in self.redis.scan_iter(match=f"{self.prefix}e:*", count=500):
                 data = await self.redis.hgetall(key)
                 if data:
                     entry = Entry.from_redis(data)
@@ -245,12 +245,12 @@ class RedisStore:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
 
     async def last_event_id(self) -> str:
-        info = await self._call(self.redis.xrevrange(self.STREAM, count=1))
+        info = await self._call(self.redis.xrevrange(self.stream, count=1))
         return info[0][0].decode() if info else "0-0"
 
     async def events(self, cursor: str, block_ms: int) -> tuple[list[tuple[str, str]], str]:
         try:
-            reply = await self.redis.xread({self.STREAM: cursor}, block=min(block_ms, self._block_ms), count=500)
+            reply = await self.redis.xread({self.stream: cursor}, block=min(block_ms, self._block_ms), count=500)
         except self._errors as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
         out = []

@@ -94,12 +94,12 @@ class RedisCounters:
         """On the process's one Redis client, under its namespace."""
         assert state.redis is not None
         self.redis = state.redis
-        self.PREFIX = state.prefix + "budget:"
+        self.prefix = state.prefix + "budget:"
         self._reserve = self.redis.register_script(_RESERVE)
         self._settle = self.redis.register_script(_SETTLE)
 
     async def reserve(self, key: str, amount: int, limit: int, seed: int | None) -> tuple[bool, int, int] | None:
-        result = await self._reserve(keys=[self.PREFIX + key], args=[amount, limit, "" if seed is None else seed,
+        result = await self._reserve(keys=[self.prefix + key], args=[amount, limit, "" if seed is None else seed,
                                                                       KEEP_S])
         if result is None:
             return None
@@ -107,7 +107,7 @@ class RedisCounters:
         return bool(granted), spent, reserved
 
     async def settle(self, key: str, reserved: int, actual: int) -> tuple[int, int] | None:
-        result = await self._settle(keys=[self.PREFIX + key], args=[reserved, actual])
+        result = await self._settle(keys=[self.prefix + key], args=[reserved, actual])
         if result is None:
             return None
         return int(result[0]), int(result[1])
