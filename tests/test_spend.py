@@ -43,6 +43,9 @@ def test_a_budget_holds_across_two_replicas(start_gateway: Callable[..., Proc], 
     limit = 0.0005
     policy = with_tenant(policy_dict([sim.url]), tenant, key, budget={"period": "day", "limit_usd": limit})
     policy["state"] = {"namespace": f"test-{uuid.uuid4().hex[:8]}", "redis_url": REDIS_URL, "postgres_dsn": pg_dsn}
+    # Each replica has half the worker's slots, so 50 at once queue; let them wait rather than be shed on the
+    # queue's forecast, so that every 429 here is the budget's.
+    policy["scheduling"] = {"tiers": {"standard": {"max_queue_wait_ms": 60_000}}}
     replicas = [start_gateway(policy), start_gateway(policy)]
 
     with ThreadPoolExecutor(50) as pool:
