@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,27 @@ def policy_dict(workers: list[str], model: str = "sim-llama-8b", **pool: Any) ->
         "pools": {"main": {"workers": workers, "scrape_interval_s": 0.2, "cooldown_s": 1.0,
                            "connect_timeout_s": 1.0, "read_timeout_s": 10.0, **pool}},
     }
+
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def patient(policy: dict[str, Any]) -> dict[str, Any]:
+    """Let a test's burst wait in the queue instead of being shed on the queue's forecast.
+
+    Several gateway processes each hold only their part of a worker's slots, so a burst that one process would
+    start at once queues, and on a slow CI machine the forecast can exceed the standard deadline. Tests of other
+    features must not read that shed as their failure; shedding has its own tests (test_scheduling).
+    """
+    policy["scheduling"] = {"tiers": {klass: {"max_queue_wait_ms": 60_000} for klass in ("premium", "standard")}}
+    return policy
+
+
+def on_shared_state(policy: dict[str, Any], pg_dsn: str | None = None) -> dict[str, Any]:
+    """A policy for several replicas: this machine's Redis under a namespace of the test's own, PostgreSQL if given."""
+    policy["state"] = {"namespace": f"test-{uuid.uuid4().hex[:8]}", "redis_url": REDIS_URL,
+                       **({"postgres_dsn": pg_dsn} if pg_dsn else {})}
+    return patient(policy)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Policy, StatePolicy
 from gateway.ratelimit import RateLimiter
 from gateway.state import SharedState
-from tests.conftest import Proc, policy_dict
+from tests.conftest import Proc, on_shared_state, policy_dict
 
 MODEL = "sim-llama-8b"
 
@@ -79,7 +79,7 @@ def test_two_replicas_share_one_limit_through_redis(start_gateway: Callable[...,
     policy = policy_dict([sim.url])
     policy["tenants"][name] = {"tier": "standard", "keys": ["sha256:" + hash_key(key)],
                                "rate_limit": {"requests_per_minute": 12}}
-    policy["state"] = {"namespace": f"test-{uuid.uuid4().hex[:8]}", "redis_url": "redis://127.0.0.1:6379/0"}
+    on_shared_state(policy)
     replicas = [start_gateway(policy), start_gateway(policy)]
 
     def ask(i: int) -> httpx.Response:

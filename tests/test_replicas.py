@@ -18,10 +18,9 @@ import pytest
 
 from gateway.auth import hash_key
 from loadtest.procs import start_nginx
-from tests.conftest import Proc, policy_dict, wait_for
+from tests.conftest import Proc, on_shared_state, policy_dict, wait_for
 
 MODEL = "sim-llama-8b"
-REDIS = "redis://127.0.0.1:6379/0"
 
 
 @pytest.fixture
@@ -55,7 +54,7 @@ def test_two_replicas_behind_nginx_share_cache_budget_and_ledger(
     policy["tenants"][f"capped-{run}"] = {"tier": "standard", "keys": ["sha256:" + hash_key(capped_key)],
                                           "budget": {"period": "day", "limit_usd": 0.0002}}
     policy["cache"] = {"enabled": True}
-    policy["state"] = {"namespace": f"test-{uuid.uuid4().hex[:8]}", "redis_url": REDIS, "postgres_dsn": pg_dsn}
+    on_shared_state(policy, pg_dsn)
     replicas = [start_gateway(policy), start_gateway(policy)]
     url = nginx([r.port for r in replicas])
 

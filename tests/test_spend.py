@@ -15,10 +15,9 @@ import psycopg
 import pytest
 
 from gateway.auth import hash_key
-from tests.conftest import ADMIN_TOKEN, Proc, policy_dict, wait_for
+from tests.conftest import ADMIN_TOKEN, Proc, on_shared_state, policy_dict, wait_for
 
 MODEL = "sim-llama-8b"
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def with_tenant(policy: dict[str, Any], name: str, key: str, **extra: Any) -> dict[str, Any]:
@@ -42,10 +41,7 @@ def test_a_budget_holds_across_two_replicas(start_gateway: Callable[..., Proc], 
     tenant, key = f"budget-{uuid.uuid4().hex[:8]}", "tg-test-budget-key-" + uuid.uuid4().hex
     limit = 0.0005
     policy = with_tenant(policy_dict([sim.url]), tenant, key, budget={"period": "day", "limit_usd": limit})
-    policy["state"] = {"namespace": f"test-{uuid.uuid4().hex[:8]}", "redis_url": REDIS_URL, "postgres_dsn": pg_dsn}
-    # Each replica has half the worker's slots, so 50 at once queue; let them wait rather than be shed on the
-    # queue's forecast, so that every 429 here is the budget's.
-    policy["scheduling"] = {"tiers": {"standard": {"max_queue_wait_ms": 60_000}}}
+    on_shared_state(policy, pg_dsn)  # every 429 here is the budget's, none the queue's
     replicas = [start_gateway(policy), start_gateway(policy)]
 
     with ThreadPoolExecutor(50) as pool:

@@ -16,6 +16,7 @@ from gateway.scheduling.saturation import ALONE, Share
 from gateway.state import SharedState
 from gateway.state import replicas as members
 from gateway.state.replicas import Replicas
+from tests.conftest import REDIS_URL
 
 BEAT_S = 0.2
 
@@ -28,7 +29,7 @@ def namespace() -> str:
 
 def test_parts_add_up_to_the_limit_as_processes_join_and_leave(namespace: str) -> None:
     async def main() -> None:
-        state = SharedState(StatePolicy(redis_url="redis://127.0.0.1:6379/0", namespace=namespace))
+        state = SharedState(StatePolicy(redis_url=REDIS_URL, namespace=namespace))
         a, b, c = (Replicas(state, ALONE, beat_s=BEAT_S) for _ in range(3))
         first = await a.beat()
         assert first == Share(0, 1, ready=True), "alone: the whole limit at once"
@@ -71,7 +72,7 @@ def test_parts_add_up_to_the_limit_as_processes_join_and_leave(namespace: str) -
 
 def test_redis_down_keeps_the_last_known_part(namespace: str) -> None:
     async def main() -> None:
-        up = SharedState(StatePolicy(redis_url="redis://127.0.0.1:6379/0", namespace=namespace))
+        up = SharedState(StatePolicy(redis_url=REDIS_URL, namespace=namespace))
         a, b = Replicas(up, ALONE, beat_s=BEAT_S), Replicas(up, ALONE, beat_s=BEAT_S)
         await a.beat()
         await b.beat()
@@ -94,7 +95,7 @@ def test_a_reload_cannot_move_shared_state(tmp_path: Path) -> None:
     path = tmp_path / "policy.yaml"
     path.write_text(yaml.safe_dump({"version": 1, "allow_empty": True}))
     store = PolicyStore.from_file(path)
-    moved = {"version": 1, "allow_empty": True, "state": {"redis_url": "redis://127.0.0.1:6379/0"}}
+    moved = {"version": 1, "allow_empty": True, "state": {"redis_url": REDIS_URL}}
     with pytest.raises(PolicyError, match="restart"):
         asyncio.run(store.apply_text(yaml.safe_dump(moved)))
     assert store.current.policy.state.redis_url is None and store.reloads_failed == 1

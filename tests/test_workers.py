@@ -24,7 +24,7 @@ from gateway.policy.schema import Policy
 from gateway.scheduling.saturation import Share, worker_slots
 from gateway.workers_state import Worker
 from loadtest import procs
-from tests.conftest import DEMO_KEY, Proc, policy_dict, wait_for
+from tests.conftest import DEMO_KEY, Proc, patient, policy_dict, wait_for
 from workers.process import free_port
 
 MODEL = "sim-llama-8b"
@@ -68,7 +68,7 @@ def test_two_processes_serve_one_port_and_one_is_restarted(start_sim: Callable[.
                                                             serve_workers: Callable[..., Proc],
                                                             tmp_path: Path) -> None:
     sim = start_sim("--decode-base-ms", "1")
-    gateway = serve_workers(policy_dict([sim.url]), 2)
+    gateway = serve_workers(patient(policy_dict([sim.url])), 2)
     assert wait_for(lambda: len(children(gateway.pid)) == 2, timeout=30)
     with ThreadPoolExecutor(16) as pool:
         assert set(pool.map(lambda i: ask(gateway.url, i), range(200))) == {200}
