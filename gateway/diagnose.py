@@ -17,6 +17,7 @@ It is a client of the gateway (HTTP only), so it works against any deployment th
 from __future__ import annotations
 
 import asyncio
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -159,11 +160,17 @@ async def run(url: str, key: str | None, model: str, direct: str | None = None, 
         await asyncio.gather(*longs)
         alone_ttft = median([p.ttft for p in alone if p.ttft is not None])
         beside_ttft = median([p.ttft for p in beside if p.ttft is not None])
-        findings.append(Finding(
-            "long prompts crowd short ones", beside_ttft > 2 * alone_ttft and beside_ttft - alone_ttft > 0.1,
-            f"short-prompt TTFT {alone_ttft * 1000:.0f} ms alone vs {beside_ttft * 1000:.0f} ms beside long prompts",
-            "chunked prefill (vLLM --enable-chunked-prefill, a smaller --max-num-batched-tokens), or route long "
-            "prompts to their own pool, so prefill does not stall the others' decoding"))
+        if math.isnan(alone_ttft) or math.isnan(beside_ttft):
+            # seen on a tiny random-weights model: 8 tokens that decode to no text give no event to time
+            findings.append(Finding("long prompts crowd short ones", False,
+                                    "not measured: the short answers carried no text to time"))
+        else:
+            findings.append(Finding(
+                "long prompts crowd short ones", beside_ttft > 2 * alone_ttft and beside_ttft - alone_ttft > 0.1,
+                f"short-prompt TTFT {alone_ttft * 1000:.0f} ms alone vs {beside_ttft * 1000:.0f} ms beside long "
+                "prompts",
+                "chunked prefill (vLLM --enable-chunked-prefill, a smaller --max-num-batched-tokens), or route long "
+                "prompts to their own pool, so prefill does not stall the others' decoding"))
 
         after = await fetch_metrics(client, url, metrics_token)
         if before is not None and after is not None and sequential is not None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from gateway import diagnose
 from tests.conftest import DEMO_KEY, PREMIUM_KEY, Proc, metric_value, policy_dict, wait_for
 
 pytestmark = pytest.mark.vllm
@@ -135,3 +138,13 @@ def test_premium_goes_ahead_of_queued_batch_work(vllm_server: Any, start_gateway
     waits = sorted(wait for _, wait in batch)
     assert waits[-1] > 1000 and waits[-1] > 2 * waits[1], ("the batch lines queued one behind another", waits)
     assert premium_wait < waits[-1] / 2, ("premium went ahead of the queued batch lines", premium_wait, waits)
+
+
+def test_diagnose_against_real_vllm_gives_every_check_a_reading(gateway: Proc, vllm_server: Any) -> None:
+    """Every check reports a figure or says it could not measure; none prints 'nan' (the tiny model's short
+    answers can decode to no text, which left the crowding check with nothing to time)."""
+    report = asyncio.run(diagnose.run(gateway.url, DEMO_KEY, MODEL, vllm_server.url))
+    checks = {f.check for f in report.findings}
+    assert {"proxy overhead", "buffering", "long prompts crowd short ones", "upstream keep-alive",
+            "gateway event-loop lag", "worker queue"} <= checks, checks
+    assert not re.search(r"\bnan\b", report.text(), re.IGNORECASE), report.text()
