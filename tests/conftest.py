@@ -22,6 +22,7 @@ PREMIUM_KEY = "tg-test-premium-key"
 BATCH_KEY = "tg-test-batch-key"
 ADMIN_TOKEN = "tg-test-admin-token"
 FINANCE_TOKEN = "tg-test-finance-token"
+REDIS_URL = "redis://127.0.0.1:6379/0"  # the machine's Redis (CI starts one when none answers)
 
 
 @pytest.fixture
@@ -63,9 +64,6 @@ def policy_dict(workers: list[str], model: str = "sim-llama-8b", **pool: Any) ->
         "pools": {"main": {"workers": workers, "scrape_interval_s": 0.2, "cooldown_s": 1.0,
                            "connect_timeout_s": 1.0, "read_timeout_s": 10.0, **pool}},
     }
-
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def patient(policy: dict[str, Any]) -> dict[str, Any]:
