@@ -137,7 +137,7 @@ class Gateway:
             await asyncio.sleep(self.replicas.beat_s)
             try:
                 await self._beat()
-            except Exception:  # a bad entry from another process must not stop this one's heartbeat
+            except Exception:  # whatever goes wrong in one beat, the next one still comes
                 log.exception("replica heartbeat failed; keeping this process's part of each worker's limit")
 
     def _on_policy(self, snapshot: PolicySnapshot) -> None:

@@ -70,6 +70,24 @@ def test_parts_add_up_to_the_limit_as_processes_join_and_leave(namespace: str) -
     asyncio.run(main())
 
 
+def test_an_unreadable_entry_counts_the_process_but_not_its_report(namespace: str) -> None:
+    async def main() -> None:
+        state = SharedState(StatePolicy(redis_url=REDIS_URL, namespace=namespace))
+        a, b = Replicas(state, ALONE, beat_s=BEAT_S), Replicas(state, ALONE, beat_s=BEAT_S)
+        await a.beat()
+        await b.beat()
+        await asyncio.sleep(2 * BEAT_S)
+        await b.beat()
+        for garbage in (b"not json", b'{"http://w1": "four"}', b"[1, 2]", b'{"http://w1": [-1, 0]}'):
+            assert state.redis is not None
+            await state.redis.hset(f"{namespace}:replica-limits", b.id, garbage)
+            share = await a.beat({"http://w1": (5, 0)})
+            assert share.of == 2 and share.ready, "b is still live: a keeps to its part"
+            assert a.agreed == {"http://w1": 5} and a.excess == {}, "b's unreadable report is left out"
+        await state.close()
+    asyncio.run(main())
+
+
 def test_redis_down_keeps_the_last_known_part(namespace: str) -> None:
     async def main() -> None:
         up = SharedState(StatePolicy(redis_url=REDIS_URL, namespace=namespace))

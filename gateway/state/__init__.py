@@ -16,7 +16,11 @@ from gateway.policy.schema import StatePolicy
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
+
 class SharedState:
+    """The one Redis client (None without ``state.redis_url``), its key prefix, and the errors that mean
+    "Redis is down" to every feature's fallback."""
+
     def __init__(self, spec: StatePolicy) -> None:
         self.spec = spec
         self.prefix = spec.namespace + ":"  # every shared key starts with it

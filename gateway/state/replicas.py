@@ -18,10 +18,12 @@ carries, per worker, the limit this process learned and how many requests it hol
 - a process holding more than its part (its part shrank when another joined, its long streams have not
   ended yet) is ``excess`` the others leave unused, so a join during a rolling update does not over-fill a
   worker while the old parts drain (a held count a heartbeat old is an overestimate: a process over its part
-  sends nothing new). A newcomer
-takes its part only after ``2 * beat_s``, when every other process has seen it and shrunk its own part; until
-then it sends nothing new upstream (it queues). While Redis is down each process keeps its last known place
-(the parts still add up to the limit unless a process joined meanwhile); never known: the host's static split.
+  sends nothing new).
+
+A newcomer takes its part only after ``2 * beat_s``, when every other process has seen it and shrunk its own
+part; until then it sends nothing new upstream (it queues). While Redis is down each process keeps its last
+known place (the parts still add up to the limit unless a process joined meanwhile); never known: the host's
+static split.
 """
 
 from __future__ import annotations
@@ -60,6 +62,23 @@ return {redis.call('ZRANGE', KEYS[1], 0, -1), redis.call('HGETALL', KEYS[2])}
 """
 
 
+def _read_view(raw: bytes) -> dict[str, tuple[int, int]] | None:
+    """One process's heartbeat entry, {worker URL: (learned limit, held)}; None when it is not that shape (an
+    entry from another version, or a corrupted one: that process still counts, it just reports nothing)."""
+    try:
+        view = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(view, dict):
+        return None
+    out = {}
+    for url, pair in view.items():
+        if not (isinstance(pair, list) and len(pair) == 2 and all(type(v) is int and v >= 0 for v in pair)):
+            return None
+        out[url] = (pair[0], pair[1])
+    return out
+
+
 class Replicas:
     def __init__(self, state: SharedState, fallback: Share, beat_s: float = 1.0) -> None:
         assert state.redis is not None
@@ -94,9 +113,11 @@ class Replicas:
         if self._joined is None:
             self._joined = now
         self.live = sorted(m.decode() for m in members)
-        views = {member.decode(): orjson.loads(view) for member, view in zip(reported[::2], reported[1::2],
-                                                                              strict=True)}
-        views = {member: view for member, view in views.items() if member in self.live}
+        views = {}
+        for member, raw in zip(reported[::2], reported[1::2], strict=True):
+            view = _read_view(raw)
+            if member.decode() in self.live and view is not None:
+                views[member.decode()] = view
         agreed: dict[str, int] = {}
         for view in views.values():
             for url, (limit, _) in view.items():
