@@ -1,15 +1,15 @@
-"""One finish() per request: Prometheus, the JSON log line (written off the loop by gateway.logs) and the ledger
+"""One finish() per request: Prometheus, the JSON log line (written off the loop by gateway.ops.logs) and the ledger
 record (written off the loop by gateway.ledger.writer)."""
 
 from __future__ import annotations
 
 import time
 
-from gateway import logs
 from gateway.context import STAGES, RequestContext
 from gateway.ledger.records import draft, price
 from gateway.ledger.writer import LedgerWriter
-from gateway.metrics import GatewayMetrics
+from gateway.ops import logs
+from gateway.ops.metrics import GatewayMetrics
 from gateway.spend.service import Spend
 
 

@@ -6,7 +6,7 @@ import hashlib
 import hmac
 import secrets
 
-from gateway.openai_api import ApiError
+from gateway.errors import NotAuthenticated
 from gateway.policy.loader import PolicySnapshot, TenantView
 
 KEY_PREFIX = "tg-"
@@ -34,11 +34,11 @@ def identify(authorization: bytes | None, snapshot: PolicySnapshot) -> tuple[Ten
     tenant's keys apart in the ledger, and not the key)."""
     key = bearer(authorization)
     if key is None:
-        raise ApiError(401, "Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key")
+        raise NotAuthenticated("Missing API key: send 'Authorization: Bearer <key>'.", "missing_api_key")
     digest = hash_key(key)
     tenant = snapshot.tenants_by_key.get(digest)
     if tenant is None:
-        raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+        raise NotAuthenticated("Incorrect API key provided.", "invalid_api_key")
     return tenant, "key-" + digest[:12]
 
 

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from gateway.scheduling.saturation import ALONE, Share
+from gateway.scheduling.capacity import ALONE, Share
 
 DEFAULT_POLICY = "policies/default.yaml"
 DEMO_KEY = "tg-demo-key-change-me"
@@ -36,10 +36,10 @@ def _serve(policy: Path, host: str, port: int, data_dir: Path, banner: str | Non
            share: Share = ALONE) -> None:
     import uvicorn
 
-    from gateway.app import create_app
-    from gateway.logs import start_logging
+    from gateway.http.app import create_app
+    from gateway.http.server import Limits, protocol_for
+    from gateway.ops.logs import start_logging
     from gateway.policy.loader import PolicyError, PolicyStore
-    from gateway.server import Limits, protocol_for
 
     try:
         store = PolicyStore.from_file(policy)
@@ -230,7 +230,7 @@ def cmd_diagnose(args: argparse.Namespace) -> None:
     """The sources' latency checklist against a running gateway; exit 1 when it finds a problem."""
     import asyncio
 
-    from gateway import diagnose
+    from gateway.ops import diagnose
 
     model = args.model
     if model is None:

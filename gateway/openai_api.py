@@ -1,4 +1,4 @@
-"""The OpenAI request surface: parse and validate bodies, apply the max_tokens policy, shape errors.
+"""The OpenAI request surface: parse and validate bodies, apply the max_tokens policy.
 
 Validation is hand-written over plain dicts rather than pydantic models: it runs once per
 request on the hot path, and the body is forwarded to vLLM with unknown fields intact
@@ -14,48 +14,31 @@ from typing import Any
 import orjson
 
 from gateway.context import RequestContext
+from gateway.errors import InvalidRequest, NotFound, NotPermitted
 from gateway.policy.loader import TenantView
 from gateway.policy.schema import ModelRoute
 
+# The endpoints the gateway serves, by the name a request context carries, and their paths (on the HTTP edge,
+# in batch files, and on the workers alike).
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+ENDPOINT_OF_PATH = {path: name for name, path in PATHS.items()}
 LARGE_BODY = 64 * 1024  # parse and serialise bodies above this off the event loop
 ECHO_LIMIT = 64  # characters of a client-chosen value echoed back in an error
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-
-
-class ApiError(Exception):
-    """An error answered to the client as OpenAI's error JSON."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 code: str | None = None, param: str | None = None,
-                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.code = code
-        self.param = param
-        self.headers = headers or []  # e.g. Retry-After on a 429
-
-    def body(self) -> bytes:
-        return error_body(self.message, self.type, self.code, self.param)
-
-
-def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> bytes:
-    return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
 
 
 async def parse_json(raw: bytes) -> dict[str, Any]:
     try:
         body = await asyncio.to_thread(orjson.loads, raw) if len(raw) > LARGE_BODY else orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise ApiError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise InvalidRequest(f"The request body is not valid JSON: {exc}", "invalid_json") from None
     if not isinstance(body, dict):
-        raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
+        raise InvalidRequest("The request body must be a JSON object.", "invalid_json")
     return body
 
 
-def _bad(param: str, message: str) -> ApiError:
-    return ApiError(400, message, code="invalid_value", param=param)
+def _bad(param: str, message: str) -> InvalidRequest:
+    return InvalidRequest(message, "invalid_value", param=param)
 
 
 def _number(body: dict[str, Any], name: str, low: float, high: float) -> None:
@@ -79,8 +62,7 @@ def validate_common(body: dict[str, Any]) -> str:
     """Checks shared by both endpoints; returns the model name."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise ApiError(400, "'model' is required and must be a non-empty string.", code="missing_model",
-                       param="model")
+        raise InvalidRequest("'model' is required and must be a non-empty string.", "missing_model", param="model")
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _bad("stream", "'stream' must be a boolean.")
@@ -147,8 +129,8 @@ def apply_max_tokens(body: dict[str, Any], tenant: TenantView) -> str:
     if asked <= cap:
         return f"requested; value={asked}"
     if tenant.on_exceed == "reject":
-        raise ApiError(400, f"'{field}' is {asked}, above this tier's cap of {cap}.", code="max_tokens_exceeded",
-                       param=field)
+        raise InvalidRequest(f"'{field}' is {asked}, above this tier's cap of {cap}.", "max_tokens_exceeded",
+                             param=field)
     body[field] = cap
     return f"clamped; requested={asked}; value={cap}"
 
@@ -198,11 +180,11 @@ async def prepare(ctx: RequestContext, raw: bytes) -> Call:
     model = _VALIDATORS[ctx.endpoint](body)
     route = ctx.snapshot.policy.models.get(model)
     if route is None:
-        raise ApiError(404, f"The model '{echo(model)}' does not exist.", code="model_not_found", param="model")
+        raise NotFound(f"The model '{echo(model)}' does not exist.", "model_not_found", param="model")
     ctx.model = model
     if not ctx.tenant.may_use(model):
-        raise ApiError(403, f"Tenant '{ctx.tenant.name}' may not use model '{model}'.", code="model_not_allowed",
-                       param="model")
+        raise NotPermitted(f"Tenant '{ctx.tenant.name}' may not use model '{model}'.", "model_not_allowed",
+                           param="model")
     ctx.max_tokens_applied = apply_max_tokens(body, ctx.tenant)
     ctx.stream = bool(body.get("stream"))
     wants_usage = wants_continuous = False
@@ -233,4 +215,4 @@ async def serialise(call: Call, service_class: str = "standard") -> bytes:
             return orjson.dumps(call.body)
         return await asyncio.to_thread(orjson.dumps, call.body)
     except orjson.JSONEncodeError as exc:
-        raise ApiError(400, f"The request body cannot be forwarded: {exc}", code="invalid_json") from None
+        raise InvalidRequest(f"The request body cannot be forwarded: {exc}", "invalid_json") from None

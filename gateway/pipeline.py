@@ -1,19 +1,23 @@
 """The completions pipeline: prepare -> decide -> spend -> admit -> exchange, as plain async steps with no ASGI.
 
-The HTTP edge (gateway.app) authenticates, reads the body and calls ``run`` with a sink that speaks ASGI;
-a batch runner calls the same ``run`` with a sink that collects the answer. Each step reads the request
-context and adds to it; none calls back up. Errors travel as ApiError and end in ``fail``, the one place
-that records ``ctx.error`` and, if nothing was sent yet, answers with OpenAI's error JSON.
+Every request, from the HTTP edge or a batch line, lives inside one ``Lifecycle``: the edge authenticates and
+reads the body inside it, a batch runner enters it with a line's body, and both call ``run`` with their sink.
+Each step reads the request context and adds to it; none calls back up. A step that will not go on raises a
+``gateway.errors`` outcome; the lifecycle ends it in ``fail`` (which records ``ctx.error`` and lets the sink
+answer it) and closes every request the same way, in ``accounting.finish``.
 """
 
 from __future__ import annotations
 
-from gateway import openai_api
+import logging
+from types import TracebackType
+
+from gateway import accounting, openai_api
 from gateway.cache import replay
 from gateway.cache.decision import CacheDecision, decide
 from gateway.cache.service import Lookup
 from gateway.context import RequestContext
-from gateway.openai_api import ApiError
+from gateway.errors import ClientGone, GatewayError, Unavailable
 from gateway.policy.schema import TIERS
 from gateway.runtime import Gateway
 from gateway.sink import Sink
@@ -21,7 +25,7 @@ from gateway.upstream.dispatch import dispatch
 from gateway.upstream.pools import UpstreamPool
 from gateway.upstream.relay import Relayed, relay_body, relay_stream
 
-PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+log = logging.getLogger("tollgate.pipeline")
 
 
 def lower_class(tier: str, asked: str | None) -> str:
@@ -31,46 +35,75 @@ def lower_class(tier: str, asked: str | None) -> str:
     return tier
 
 
+class Lifecycle:
+    """``async with Lifecycle(gw, ctx, sink):`` the one way a request ends, whoever started it.
+
+    An outcome raised inside is answered through the sink (``fail``); anything else is logged and answered as
+    an internal error; a cancellation (a batch stopped, the server shutting down) passes through. On every
+    exit the request's status is what the client got (499 if it left, or got nothing) and the request is
+    closed once, by ``accounting.finish``. (A class, not @asynccontextmanager: it runs once per request.)"""
+
+    __slots__ = ("ctx", "gw", "sink")
+
+    def __init__(self, gw: Gateway, ctx: RequestContext, sink: Sink) -> None:
+        self.gw, self.ctx, self.sink = gw, ctx, sink
+
+    async def __aenter__(self) -> RequestContext:
+        return self.ctx
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool:
+        ctx, sink, gw = self.ctx, self.sink, self.gw
+        try:
+            if isinstance(exc, GatewayError):
+                await fail(ctx, sink, exc)
+            elif isinstance(exc, Exception):
+                log.error("unhandled error in request %s", ctx.request_id, exc_info=exc)
+                await fail(ctx, sink, GatewayError("Internal error in the gateway."))
+        finally:
+            left = ctx.error == ClientGone.code or sink.status is None
+            ctx.status = 499 if left else sink.status  # type: ignore[assignment]
+            accounting.finish(ctx, gw.metrics, gw.ledger, gw.spend)
+        return isinstance(exc, Exception)
+
+
 async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_control: bytes = b"",
               service_class: str | None = None) -> None:
-    """Answer one authenticated request (``ctx.tenant`` set) whose body is ``raw``. Never raises ApiError.
+    """Answer one authenticated request (``ctx.tenant`` set) whose body is ``raw``; raise an outcome where it
+    ends early. Run it inside a ``Lifecycle``.
 
     ``service_class`` is a class the caller asks for (the X-Tollgate-Class header, or "batch" for a batch
     line); a request may run in a lower class than its tenant's tier, never a higher one."""
     assert ctx.tenant is not None
     ctx.service_class = lower_class(ctx.tenant.tier, service_class)
+    call = await openai_api.prepare(ctx, raw)
+    await gw.ratelimit.check(ctx.tenant, call.cost)  # requests and worst-case tokens per minute
+    decision = await decide(gw.cache, ctx, call.body, cache_control, gw.metrics)
+    if decision is not None and decision.hit:
+        assert decision.lookup is not None
+        await serve_hit(ctx, decision.lookup, sink, call.wants_usage)
+        return
+    await gw.spend.admit(ctx, call)  # may clamp, downgrade or refuse; reserves against the budget
+    pool = gw.upstreams.pools.get(call.route.pool)
+    if pool is None:
+        raise Unavailable(f"No worker pool serves the model '{ctx.model}' right now.", "upstream_unavailable")
+    payload = await openai_api.serialise(call, ctx.service_class)
+    await gw.scheduler.admit(ctx, pool.name, pool.workers, pool.spec, call.cost, call.size)
+    relayed = Relayed()
     try:
-        call = await openai_api.prepare(ctx, raw)
-        await gw.ratelimit.check(ctx.tenant, call.cost)  # requests and worst-case tokens per minute
-        decision = await decide(gw.cache, ctx, call.body, cache_control, gw.metrics)
-        if decision is not None and decision.hit:
-            assert decision.lookup is not None
-            await serve_hit(ctx, decision.lookup, sink, call.wants_usage)
-            return
-        await gw.spend.admit(ctx, call)  # may clamp, downgrade or refuse; reserves against the budget
-        pool = gw.upstreams.pools.get(call.route.pool)
-        if pool is None:
-            raise ApiError(503, f"No worker pool serves the model '{ctx.model}' right now.", "server_error",
-                           "upstream_unavailable")
-        payload = await openai_api.serialise(call, ctx.service_class)
-        await gw.scheduler.admit(ctx, pool.name, pool.workers, pool.spec, call.cost, call.size)
-        relayed = Relayed()
-        try:
-            await exchange(ctx, pool, payload, sink, relayed, (call.wants_usage, call.wants_continuous_usage),
-                           capture=decision is not None and decision.keep_answer)
-        finally:  # also when the client left or the worker failed: what was delivered is counted
-            gw.scheduler.release(ctx, pool.name)
-            count_tokens(ctx, relayed, call.prompt_estimate)
-        ctx.timings.tpot = relayed.tpot
-        _remember(gw, ctx, decision, relayed)
-    except ApiError as exc:
-        await fail(ctx, sink, exc)
+        await exchange(ctx, pool, payload, sink, relayed, (call.wants_usage, call.wants_continuous_usage),
+                       capture=decision is not None and decision.keep_answer)
+    finally:  # also when the client left or the worker failed: what was delivered is counted
+        gw.scheduler.release(ctx, pool.name)
+        count_tokens(ctx, relayed, call.prompt_estimate)
+    ctx.timings.tpot = relayed.tpot
+    _remember(gw, ctx, decision, relayed)
 
 
 async def exchange(ctx: RequestContext, pool: UpstreamPool, payload: bytes, sink: Sink, relayed: Relayed,
                    usage: tuple[bool, bool], capture: bool = False) -> None:
     """Dispatch to a worker and relay its answer to the sink; ``relayed`` learns what went by."""
-    async with dispatch(ctx, pool, PATHS[ctx.endpoint], payload) as (worker, response):
+    async with dispatch(ctx, pool, openai_api.PATHS[ctx.endpoint], payload) as (worker, response):
         if ctx.stream and response.status == 200:
             await relay_stream(ctx, worker, response, sink, relayed, usage, pool.spec.cooldown_s, capture)
         else:
@@ -109,15 +142,10 @@ async def serve_hit(ctx: RequestContext, found: Lookup, sink: Sink, wants_usage:
     await sink.send(body)
 
 
-async def fail(ctx: RequestContext, sink: Sink, exc: ApiError) -> None:
-    """Record the error; answer it unless the answer already started (then the relay has ended it)."""
-    ctx.error = exc.code or exc.type
-    if sink.status is not None:
-        return
-    body = exc.body()
-    await sink.start(exc.status, [*ctx.response_headers(), *exc.headers, (b"content-type", b"application/json"),
-                                  (b"content-length", str(len(body)).encode())])
-    await sink.send(body)
+async def fail(ctx: RequestContext, sink: Sink, exc: GatewayError) -> None:
+    """Record the outcome, and let the sink answer it (as the whole answer, in-band, or not at all)."""
+    ctx.error = exc.code
+    await sink.fail(exc, ctx.response_headers())
 
 
 def _remember(gw: Gateway, ctx: RequestContext, decision: CacheDecision | None, relayed: Relayed) -> None:

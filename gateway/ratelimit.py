@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from gateway.openai_api import ApiError
+from gateway.errors import RateLimited
 from gateway.policy.loader import TenantView
 from gateway.policy.schema import RateLimit
 
@@ -74,7 +74,7 @@ class RateLimiter:
         self._warned = False
 
     async def check(self, tenant: TenantView, tokens: int, now: float | None = None) -> None:
-        """Count one request of ``tokens`` (worst case) for the tenant, or raise 429 when it would pass a limit."""
+        """Count one request of ``tokens`` (worst case) for the tenant; RateLimited when it would pass a limit."""
         limit = tenant.rate_limit
         if limit is None:
             return
@@ -112,12 +112,11 @@ class RateLimiter:
         return True
 
     @staticmethod
-    def _refused(tenant: TenantView, limit: RateLimit, tokens: int, wait_s: int) -> ApiError:
+    def _refused(tenant: TenantView, limit: RateLimit, tokens: int, wait_s: int) -> RateLimited:
         parts = []
         if limit.requests_per_minute:
             parts.append(f"{limit.requests_per_minute} requests")
         if limit.tokens_per_minute:
             parts.append(f"{limit.tokens_per_minute} tokens (this request counts {tokens}: prompt + max_tokens)")
-        return ApiError(429, f"Rate limit reached for tenant '{tenant.name}': {' and '.join(parts)} per minute. "
-                        f"Retry after {wait_s} s.", "rate_limit_error", "rate_limit_exceeded",
-                        headers=[(b"retry-after", str(max(1, wait_s)).encode())])
+        return RateLimited(f"Rate limit reached for tenant '{tenant.name}': {' and '.join(parts)} per minute. "
+                           f"Retry after {wait_s} s.", retry_after_s=max(1, wait_s))

@@ -13,13 +13,13 @@ from typing import Any
 from gateway.cache.service import SemanticCache
 from gateway.cache.store import RedisStore
 from gateway.ledger.writer import LedgerWriter
-from gateway.metrics import GatewayMetrics
+from gateway.ops.metrics import GatewayMetrics
+from gateway.ops.scaling import Autoscaler
 from gateway.policy.loader import PolicyError, PolicySnapshot, PolicyStore
 from gateway.policy.schema import CachePolicy
 from gateway.ratelimit import RateLimiter
-from gateway.scaling import Autoscaler
+from gateway.scheduling.capacity import ALONE, Share
 from gateway.scheduling.controller import Controller
-from gateway.scheduling.saturation import ALONE, Share
 from gateway.spend.alerts import Alerts
 from gateway.spend.service import Spend
 from gateway.state import SharedState

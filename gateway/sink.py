@@ -1,14 +1,18 @@
 """Where an answer goes: the pipeline writes to a Sink, never to ASGI directly.
 
-The HTTP edge's sink sends ASGI messages (gateway.asgi.AsgiSink); a batch runner or a test collects the
-answer in memory (BufferSink). Both record the status they started with, once.
+The HTTP edge's sink sends ASGI messages (gateway.http.asgi.AsgiSink); a batch runner or a test collects the
+answer in memory (BufferSink). Both record the status they started with, once, and both answer an outcome
+(``fail``) through ``gateway.http.errors``, the one place that renders one.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from gateway import sse
 from gateway.context import Headers
+from gateway.errors import GatewayError
+from gateway.http.errors import body_of, render
 
 
 class Sink(Protocol):
@@ -20,15 +24,20 @@ class Sink(Protocol):
     async def send(self, body: bytes, more: bool = False) -> None:
         """Body bytes; ``more=False`` ends the answer."""
 
+    async def fail(self, error: GatewayError, headers: Headers) -> None:
+        """End the request with ``error``: as the whole answer if none started, else in-band if the answer is
+        still open (an SSE error event), else not at all."""
+
 
 class BufferSink:
-    """Collects an answer in memory."""
+    """Collects an answer in memory; ``error`` is the outcome it ended with, if any."""
 
     def __init__(self) -> None:
         self.status: int | None = None
         self.headers: Headers = []
         self.chunks: list[bytes] = []
         self.complete = False
+        self.error: GatewayError | None = None
 
     async def start(self, status: int, headers: Headers) -> None:
         if self.status is not None:
@@ -41,6 +50,15 @@ class BufferSink:
         if body:
             self.chunks.append(body)
         self.complete = not more
+
+    async def fail(self, error: GatewayError, headers: Headers) -> None:
+        self.error = error
+        if self.status is None:
+            status, extra, body = render(error)
+            await self.start(status, [*headers, *extra])
+            await self.send(body)
+        elif not self.complete:  # a stream still open: end it in-band, as the HTTP edge does
+            await self.send(sse.event(body_of(error)) + sse.DONE_EVENT)
 
     @property
     def body(self) -> bytes:

@@ -140,11 +140,12 @@ async def running_gateway(workers: list[str], **pool: Any) -> AsyncIterator[Gate
 
 async def call(gw: Gateway, body: dict[str, Any] | bytes, tenant: str = "demo",
                endpoint: str = "chat") -> tuple[RequestContext, BufferSink]:
-    """One request (a body, or its raw bytes) through the pipeline, answered into a buffer."""
+    """One request (a body, or its raw bytes) through the pipeline's lifecycle, answered into a buffer."""
     ctx = RequestContext("test-request", gw.store.current, endpoint)
     ctx.tenant = gw.store.current.tenants[tenant]
     sink = BufferSink()
-    await pipeline.run(gw, ctx, body if isinstance(body, bytes) else orjson.dumps(body), sink)
+    async with pipeline.Lifecycle(gw, ctx, sink):
+        await pipeline.run(gw, ctx, body if isinstance(body, bytes) else orjson.dumps(body), sink)
     return ctx, sink
 
 

@@ -11,10 +11,10 @@ from aiohttp import web
 from gateway.cache.keys import CacheKey, cache_key
 from gateway.cache.service import SemanticCache
 from gateway.cache.store import Entry, MemoryStore, StoreUnavailable
-from gateway.metrics import GatewayMetrics
+from gateway.fleet.observe import Worker, scrape
+from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.loader import TenantView
 from gateway.policy.schema import CachePolicy
-from gateway.workers_state import Worker, scrape
 
 TENANT = TenantView("acme", "standard", None, 512, 4096, "clamp")
 SPEC = CachePolicy(enabled=True)

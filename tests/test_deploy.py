@@ -14,7 +14,7 @@ import yaml
 from yamllint import config as yamllint_config
 from yamllint import linter
 
-from gateway.metrics import GatewayMetrics
+from gateway.ops.metrics import GatewayMetrics
 from tests.conftest import ROOT
 
 DEPLOY = ROOT / "deploy"

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway import diagnose
+from gateway.ops import diagnose
 from tests.conftest import DEMO_KEY, ROOT, Proc, policy_dict
 from workers.process import free_port
 

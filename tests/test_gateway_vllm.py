@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from gateway import diagnose
+from gateway.ops import diagnose
 from tests.conftest import DEMO_KEY, PREMIUM_KEY, Proc, metric_value, policy_dict, wait_for
 
 pytestmark = pytest.mark.vllm

@@ -1,9 +1,10 @@
 """The import graph: every gateway module imports on its own, and no module imports one above it.
 
-"Above" is the request path read from the edge down: the entry points (cli) over the app and its edge
-(app, admin, the batch API, asgi), over the batch runner (a caller of the pipeline),
-over the pipeline, over the runtime, over the steps' modules (auth, openai_api, cache,
-scheduler, upstream, routing, accounting ...), over the shared leaves (context, sse, metrics, policy).
+"Above" is the request path read from the edge down: the entry points (cli) over the HTTP edge (gateway.http:
+the app, its routes and guards, asgi), over the batch runner (a caller of the pipeline), over the pipeline,
+over the runtime, over the steps' modules (auth, openai_api, cache, spend, scheduling, upstream, fleet,
+ledger ...), over the sink, over the one renderer of outcomes (gateway.http.errors), over the shared leaves
+(context, errors, sse, metrics, policy).
 """
 
 from __future__ import annotations
@@ -18,19 +19,23 @@ ROOT = Path(__file__).resolve().parents[1]
 # Each layer may import only from layers after it (lower down). Modules not named sit in "steps".
 LAYERS: list[set[str]] = [
     {"gateway.__main__", "gateway.cli"},
-    {"gateway.app"},
-    {"gateway.reports_page"},
-    {"gateway.admin", "gateway.reports", "gateway.batches.api"},
-    {"gateway.asgi", "gateway.responses"},
+    {"gateway.http.server"},
+    {"gateway.http.app"},
+    {"gateway.http.reports_page"},
+    {"gateway.http.admin", "gateway.http.reports", "gateway.http.batch_api"},
+    {"gateway.http.guards"},
+    {"gateway.http.asgi", "gateway.http.responses"},
     {"gateway.batches.runner"},
     {"gateway.pipeline"},
     {"gateway.runtime"},
     set(),  # the steps: everything not named
-    {"gateway.sink", "gateway.context", "gateway.sse", "gateway.metrics"},
+    {"gateway.sink"},
+    {"gateway.http.errors"},
+    {"gateway.context", "gateway.errors", "gateway.sse", "gateway.ops.metrics"},
     {"gateway.policy.loader"},
     {"gateway.policy.schema"},
 ]
-STEPS = 8
+STEPS = 10
 
 
 def modules() -> list[str]:

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway.openai_api import ApiError, apply_max_tokens, echo, parse_json, validate_chat, validate_completion
+from gateway.errors import InvalidRequest
+from gateway.openai_api import apply_max_tokens, echo, parse_json, validate_chat, validate_completion
 from gateway.policy.loader import TenantView
 
 
@@ -35,9 +36,9 @@ def test_above_the_cap_clamps_or_rejects() -> None:
     body = {"max_completion_tokens": 5000}
     apply_max_tokens(body, tenant())
     assert body == {"max_completion_tokens": 1024}, "the field the client used is the one clamped"
-    with pytest.raises(ApiError) as caught:
+    with pytest.raises(InvalidRequest) as caught:
         apply_max_tokens({"max_tokens": 5000}, tenant(on_exceed="reject"))
-    assert caught.value.status == 400 and caught.value.code == "max_tokens_exceeded"
+    assert caught.value.code == "max_tokens_exceeded"
 
 
 @pytest.mark.parametrize("body,param", [
@@ -52,23 +53,23 @@ def test_above_the_cap_clamps_or_rejects() -> None:
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": [1]}, "stop"),
 ])
 def test_chat_validation_names_the_parameter(body: dict[str, Any], param: str) -> None:
-    with pytest.raises(ApiError) as caught:
+    with pytest.raises(InvalidRequest) as caught:
         validate_chat(body)
-    assert caught.value.status == 400 and caught.value.param == param
+    assert caught.value.param == param
 
 
 def test_completion_prompt_shapes() -> None:
     assert validate_completion({"model": "m", "prompt": "x"}) == "m"
     assert validate_completion({"model": "m", "prompt": [1, 2, 3]}) == "m"
-    with pytest.raises(ApiError):
+    with pytest.raises(InvalidRequest):
         validate_completion({"model": "m", "prompt": ""})
 
 
 def test_parse_json_errors_are_400() -> None:
     for raw in (b"{", b"[1, 2]", b"\xff"):
-        with pytest.raises(ApiError) as caught:
+        with pytest.raises(InvalidRequest) as caught:
             asyncio.run(parse_json(raw))
-        assert caught.value.status == 400 and caught.value.code == "invalid_json"
+        assert caught.value.code == "invalid_json"
 
 
 def test_echo_cuts_client_values_short() -> None:

@@ -9,8 +9,9 @@ import orjson
 
 from gateway import pipeline, sse
 from gateway.context import RequestContext
+from gateway.errors import UpstreamFailed
+from gateway.fleet.observe import Worker
 from gateway.sink import BufferSink
-from gateway.workers_state import Worker
 from tests.fakes import (
     FakeWorker,
     call,
@@ -214,8 +215,25 @@ def test_fail_after_the_answer_started_only_records() -> None:
             ctx = RequestContext("r", gw.store.current, "chat")
             sink = BufferSink()
             await sink.start(200, [])
-            await pipeline.fail(ctx, sink, pipeline.ApiError(502, "late"))
-            assert sink.status == 200 and sink.body == b"" and ctx.error == "invalid_request_error"
+            await sink.send(b"{}")
+            await pipeline.fail(ctx, sink, UpstreamFailed("head", "late"))
+            assert sink.status == 200 and sink.body == b"{}" and ctx.error == "upstream_broken"
+            assert sink.error is not None and sink.error.code == "upstream_broken"
+    asyncio.run(main())
+
+
+def test_an_unexpected_exception_ends_as_a_500_and_is_still_accounted() -> None:
+    """The lifecycle answers what no step expected with a 500 and closes the request like any other."""
+    async def main() -> None:
+        async with FakeWorker(json_of(completion_json())) as w, running_gateway([w.url]) as gw:
+            ctx = RequestContext("r", gw.store.current, "chat")
+            ctx.tenant = gw.store.current.tenants["demo"]
+            sink = BufferSink()
+            async with pipeline.Lifecycle(gw, ctx, sink):
+                raise KeyError("a bug")
+            assert sink.status == 500 and ctx.status == 500 and ctx.error == "internal_error"
+            assert ctx.timings.total is not None, "accounting.finish closed it"
+            assert orjson.loads(sink.body)["error"]["type"] == "server_error"
     asyncio.run(main())
 
 

@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from gateway.auth import hash_key
-from gateway.openai_api import ApiError
+from gateway.errors import RateLimited
+from gateway.http.errors import render
 from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Policy, StatePolicy
 from gateway.ratelimit import RateLimiter
@@ -33,14 +34,15 @@ def test_requests_per_minute_over_a_sliding_window() -> None:
         start = 6000.0  # the start of a minute window
         for i in range(10):
             await limiter.check(t, 10, now=start + i)
-        with pytest.raises(ApiError) as caught:
+        with pytest.raises(RateLimited) as caught:
             await limiter.check(t, 10, now=start + 30)
-        assert caught.value.status == 429 and caught.value.code == "rate_limit_exceeded"
-        assert dict(caught.value.headers)[b"retry-after"] == b"30", "the next window begins in 30 s"
+        status, headers, _ = render(caught.value)
+        assert status == 429 and caught.value.code == "rate_limit_exceeded"
+        assert dict(headers)[b"retry-after"] == b"30", "the next window begins in 30 s"
         # 30 s into the next window half of the previous one still counts: 5 of 10 left
         for _ in range(5):
             await limiter.check(t, 10, now=start + 90)
-        with pytest.raises(ApiError):
+        with pytest.raises(RateLimited):
             await limiter.check(t, 10, now=start + 90)
     asyncio.run(main())
 
@@ -49,7 +51,7 @@ def test_tokens_per_minute_count_the_worst_case() -> None:
     async def main() -> None:
         limiter, t = RateLimiter(), tenant(tpm=1000)
         await limiter.check(t, 600, now=60.0)
-        with pytest.raises(ApiError) as caught:
+        with pytest.raises(RateLimited) as caught:
             await limiter.check(t, 600, now=61.0)
         assert "1000 tokens" in caught.value.message
         await limiter.check(t, 400, now=62.0)  # what fits still goes
@@ -65,7 +67,7 @@ def test_redis_down_counts_against_this_process_part() -> None:
         limiter, t = RateLimiter(dead, processes=lambda: 2), tenant(rpm=10)
         for i in range(5):
             await limiter.check(t, 10, now=6000.0 + i)
-        with pytest.raises(ApiError) as caught:
+        with pytest.raises(RateLimited) as caught:
             await limiter.check(t, 10, now=6006.0)
         assert caught.value.code == "rate_limit_exceeded", "5 of 10: this process's half"
         await dead.close()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from gateway.routing import pick
-from gateway.workers_state import Worker
+from gateway.fleet.observe import Worker
+from gateway.upstream.routing import pick
 
 
 def workers(n: int) -> list[Worker]:

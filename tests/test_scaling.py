@@ -6,9 +6,9 @@ import csv
 import itertools
 from pathlib import Path
 
-from gateway.metrics import GatewayMetrics
+from gateway.ops.metrics import GatewayMetrics
+from gateway.ops.scaling import Autoscaler, ScaleRules, Signals
 from gateway.policy.schema import Autoscaling, Policy
-from gateway.scaling import Autoscaler, ScaleRules, Signals
 
 SLO_S = 0.8
 STEP_S = 5.0

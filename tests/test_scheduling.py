@@ -8,13 +8,14 @@ from typing import Any
 import pytest
 
 from gateway.context import RequestContext
-from gateway.openai_api import ApiError
+from gateway.errors import Shed
+from gateway.fleet.observe import Worker
+from gateway.http.errors import render
 from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Policy
+from gateway.scheduling.capacity import HOLD_READS, learn, worker_slots
 from gateway.scheduling.controller import Controller
 from gateway.scheduling.queues import ClassQueue, Waiter
-from gateway.scheduling.saturation import HOLD_READS, learn, worker_slots
-from gateway.workers_state import Worker
 
 
 class Clock:
@@ -138,10 +139,11 @@ def test_a_request_that_would_miss_its_deadline_is_shed_at_once() -> None:
         waiting = [h.queue("s1") for _ in range(3)]  # 0.5, 1.0 and 1.5 s away: within the 1.6 s deadline
         await settle()
         assert state.queues["standard"].count == 3
-        with pytest.raises(ApiError) as caught:
+        with pytest.raises(Shed) as caught:
             await h.admit(h.ctx("s2"))
-        assert caught.value.status == 429 and caught.value.code == "queue_overloaded"
-        assert dict(caught.value.headers)[b"retry-after"] == b"2", "4 ahead at 2/s"
+        assert caught.value.code == "queue_overloaded" and caught.value.reason == "predicted_wait"
+        status, headers, _ = render(caught.value)
+        assert status == 429 and dict(headers)[b"retry-after"] == b"2", "4 ahead at 2/s"
         assert state.queues["standard"].count == 3, "shed at once, never queued"
         for task in waiting:
             task.cancel()
@@ -175,9 +177,9 @@ def test_a_queued_request_past_its_deadline_gets_429_and_leaves() -> None:
     async def main() -> None:
         h = Harness(tiers={"standard": {"max_queue_wait_ms": 50}})
         running = [await h.admit(h.ctx("s1")), await h.admit(h.ctx("s2"))]
-        with pytest.raises(ApiError) as caught:
+        with pytest.raises(Shed) as caught:
             await h.admit(h.ctx("s1"))
-        assert caught.value.status == 429 and b"retry-after" in dict(caught.value.headers)
+        assert caught.value.reason == "deadline" and b"retry-after" in dict(render(caught.value)[1])
         assert h.controller.pools["p"].queues["standard"].count == 0
         for ctx in running:
             h.release(ctx)
@@ -238,11 +240,11 @@ def test_full_queues_shed_the_lowest_class_first() -> None:
         await settle()
         premium = h.queue("p1", size=500)
         await settle()
-        with pytest.raises(ApiError) as caught:
+        with pytest.raises(Shed) as caught:
             await batch
-        assert caught.value.status == 429 and "higher-priority" in caught.value.message
+        assert caught.value.reason == "displaced" and "higher-priority" in caught.value.message
         assert not premium.done() and h.controller.pools["p"].queues["premium"].count == 1
-        with pytest.raises(ApiError):
+        with pytest.raises(Shed):
             await h.admit(h.ctx("s1"), size=900)  # nothing lower to shed: this one is refused
         premium.cancel()
     asyncio.run(main())

@@ -143,7 +143,7 @@ def test_eos_respects_min_tokens_and_ignore_eos() -> None:
 
 
 def test_gateway_scraper_reads_both_kv_metric_names() -> None:
-    from gateway.workers_state import parse_load
+    from gateway.fleet.observe import parse_load
 
     new = (b'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
            b'vllm:num_requests_waiting{engine="0",model_name="m"} 7.0\n'

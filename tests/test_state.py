@@ -12,7 +12,7 @@ import yaml
 
 from gateway.policy.loader import PolicyError, PolicyStore
 from gateway.policy.schema import StatePolicy
-from gateway.scheduling.saturation import ALONE, Share
+from gateway.scheduling.capacity import ALONE, Share
 from gateway.state import SharedState
 from gateway.state import replicas as members
 from gateway.state.replicas import Replicas

@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from gateway.auth import hash_key
+from gateway.fleet.observe import Worker
 from gateway.policy.schema import Policy
-from gateway.scheduling.saturation import Share, worker_slots
-from gateway.workers_state import Worker
+from gateway.scheduling.capacity import Share, worker_slots
 from loadtest import procs
 from tests.conftest import DEMO_KEY, Proc, patient, policy_dict, wait_for
 from workers.process import free_port

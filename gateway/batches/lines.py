@@ -14,7 +14,9 @@ from typing import Any
 
 import orjson
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+from gateway.openai_api import PATHS
+
+ENDPOINTS = tuple(PATHS.values())
 MAX_REPORTED = 20  # errors listed on a failed batch; the rest are counted
 
 

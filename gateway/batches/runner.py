@@ -2,8 +2,9 @@
 
 Lines go through ``pipeline.run`` exactly as live requests do (same auth view, policy, cache, scheduler and
 accounting), in class ``batch``, so the scheduler gives them only capacity no premium or standard request
-is waiting for. A line the scheduler sheds (429/503) waits its Retry-After and tries again without counting
-as a failure; one that fails in a worker (5xx) is retried ``line_attempts`` times. At most
+is waiting for. A line turned away for now (``TryLater``: shed, rate limited, no healthy worker) waits its
+retry time and tries again without counting as a failure; one that fails in a worker or the gateway is retried
+``line_attempts`` times; any other outcome (a bad line, a budget used up) is the line's answer. At most
 ``batches.max_inflight_lines`` lines are out at once over all batches: enough to fill idle workers, few
 enough that they do not crowd the batch queue's bound.
 
@@ -26,16 +27,16 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from gateway import accounting, pipeline
+from gateway import pipeline
 from gateway.batches import lines
 from gateway.batches.store import ACTIVE, BatchRecord, BatchStore
 from gateway.context import RequestContext
+from gateway.errors import GatewayError, TryLater, UpstreamFailed
+from gateway.openai_api import ENDPOINT_OF_PATH
 from gateway.runtime import Gateway
 from gateway.sink import BufferSink
 
 log = logging.getLogger("tollgate.batches")
-ENDPOINT_NAMES = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
-SHED = (429, 503)  # the gateway had no room: wait and retry, not a failure of the line
 MAX_RETRY_WAIT_S = 60.0
 
 
@@ -242,27 +243,18 @@ class BatchRunner:
                 custom_id, "tenant_removed", f"The tenant '{record.tenant}' is no longer in the policy."))
             return None, 0
         body = await store.do(store.body, record.id, line_no)
-        ctx = RequestContext(f"{record.id}-{line_no}", snapshot, ENDPOINT_NAMES[record.row["endpoint"]])
+        ctx = RequestContext(f"{record.id}-{line_no}", snapshot, ENDPOINT_OF_PATH[record.row["endpoint"]])
         ctx.tenant, ctx.batch = tenant, record.id
         sink = BufferSink()
-        try:
+        async with pipeline.Lifecycle(gw, ctx, sink):
             await pipeline.run(gw, ctx, body, sink, b"", "batch")
-        finally:
-            ctx.status = sink.status or 499
-            accounting.finish(ctx, gw.metrics, gw.ledger, gw.spend)
-        status = sink.status or 500
-        if status in SHED:
-            return _retry_after(sink), 0
-        if status >= 500 and failures + 1 < snapshot.policy.batches.line_attempts:
+        error = sink.error
+        if isinstance(error, TryLater):  # no room now (shed, rate limited, a store down): not the line's failure
+            return min(max(error.retry_after_s, 0.1), MAX_RETRY_WAIT_S), 0
+        failed = error is not None and type(error) in (GatewayError, UpstreamFailed)  # the gateway or a worker
+        if failed and failures + 1 < snapshot.policy.batches.line_attempts:
             return min(2.0 ** failures, MAX_RETRY_WAIT_S), 1
+        status = sink.status or 500
         await store.do(store.finish_line, record.id, line_no, 200 <= status < 300,
                        lines.answered(custom_id, status, ctx.request_id, sink.body))
         return None, 0
-
-
-def _retry_after(sink: BufferSink) -> float:
-    value = sink.header(b"retry-after")
-    try:
-        return min(max(float(value or b"1"), 0.1), MAX_RETRY_WAIT_S)
-    except ValueError:
-        return 1.0

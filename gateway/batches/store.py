@@ -20,6 +20,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import logging
 import os
 import secrets
 import sqlite3
@@ -33,6 +34,9 @@ from typing import Any, TypeVar
 import orjson
 
 from gateway.batches.lines import Line, unanswered, validate
+from gateway.errors import Unavailable
+
+log = logging.getLogger("tollgate.batches")
 
 T = TypeVar("T")
 
@@ -134,8 +138,14 @@ class BatchStore(abc.ABC):
         self._db: Any = None  # the backend's connection, made on first use (on the store's thread)
 
     async def do(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a blocking method of this store on its thread."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        """Run a blocking method of this store on its thread; a store that cannot be reached is ``Unavailable``
+        (the API answers 503 with Retry-After, the runner waits), never a 500."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        except self.unavailable as exc:
+            log.warning("batch store unavailable: %s", exc)
+            raise Unavailable("The batch store is unreachable; retry shortly.", "batch_store_unavailable",
+                              retry_after_s=5) from None
 
     def close(self) -> None:
         self._executor.submit(self._disconnect).result()

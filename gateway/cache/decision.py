@@ -9,7 +9,7 @@ from typing import Any
 from gateway.cache.keys import CacheKey, cache_key
 from gateway.cache.service import Lookup, SemanticCache
 from gateway.context import RequestContext
-from gateway.metrics import GatewayMetrics
+from gateway.ops.metrics import GatewayMetrics
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ from gateway.cache.keys import CacheKey
 from gateway.cache.replay import answer_from_json, answer_from_sse
 from gateway.cache.store import CacheStore, Entry, MemoryStore, RedisStore, StoreUnavailable
 from gateway.cache.verifier import verify
-from gateway.metrics import GatewayMetrics
+from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import CachePolicy
 
 log = logging.getLogger("tollgate.cache")

@@ -11,6 +11,7 @@ from typing import Any
 
 from gateway.context import RequestContext
 from gateway.ledger import prices as pricing
+from gateway.ledger import times
 from gateway.policy.schema import Prices
 
 _PREFIX = "rec-" + os.urandom(6).hex()
@@ -54,7 +55,7 @@ def draft(ctx: RequestContext, finished_at: float) -> Draft | None:
 
 def complete(d: Draft) -> dict[str, Any]:
     """On the writer's thread: the record's UTC time, formatted."""
-    d.fields["time"] = datetime.fromtimestamp(d.finished_at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    d.fields["time"] = times.at(d.finished_at)
     return d.fields
 
 

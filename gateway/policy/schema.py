@@ -84,7 +84,7 @@ class Tenant(Strict):
 
 
 class Autoscaling(Strict):
-    """The sources' scaling rules for a pool's workers (gateway.scaling); the gateway publishes the desired count,
+    """The sources' scaling rules for a pool's workers (gateway.ops.scaling); the gateway publishes the desired count,
     an autoscaler (KEDA) acts on it."""
 
     min_workers: int = Field(1, ge=0)

@@ -26,12 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.context import RequestContext
-from gateway.metrics import GatewayMetrics
-from gateway.openai_api import ApiError
+from gateway.errors import Shed, TenantBusy, Unavailable
+from gateway.fleet.observe import Worker
+from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import TIERS, Pool, SchedulingPolicy
+from gateway.scheduling.capacity import ALONE, Share, capacity, learn
 from gateway.scheduling.queues import ClassQueue, Waiter
-from gateway.scheduling.saturation import ALONE, Share, capacity, learn
-from gateway.workers_state import Worker
 
 BATCH_WAIT_S = 600.0
 _DEADLINE_MARGIN_S = 0.01
@@ -103,7 +103,8 @@ class Controller:
 
     async def admit(self, ctx: RequestContext, pool_name: str, workers: list[Worker], spec: Pool,
                     cost: int, size: int) -> None:
-        """Return when the request may go to a worker; raise ApiError(429) when it is shed."""
+        """Return when the request may go to a worker; raise Shed when it is turned away,
+        TenantBusy when the tenant has its most in flight, Unavailable when no worker is healthy."""
         assert ctx.tenant is not None
         started = self.clock()
         policy = ctx.snapshot.policy
@@ -136,8 +137,7 @@ class Controller:
         now = self.clock()
         if not any(w.available(now) for w in state.workers):
             # nothing to wait for: every worker is down or cooling down
-            raise ApiError(503, f"No healthy worker serves the model '{ctx.model}' right now.", "server_error",
-                           "upstream_unavailable")
+            raise Unavailable(f"No healthy worker serves the model '{ctx.model}' right now.", "upstream_unavailable")
         tenant = ctx.tenant.name if ctx.tenant else ""
         state.seen[(klass, tenant)] = now
         if self._fits_now(state, scheduling, klass, now, tenant=tenant):
@@ -149,8 +149,7 @@ class Controller:
         # deadline. The other classes are refused at once when the forecast says they would miss theirs.
         predicted = self._predicted_wait(state, klass, now) if klass != "premium" else None
         if predicted is not None and predicted > deadline_s:
-            self._shed(klass, "predicted_wait")
-            raise _too_busy(klass, predicted, "would wait past its class's deadline")
+            raise self._shed(klass, "predicted_wait", predicted, "would wait past its class's deadline")
         self._make_room(state, scheduling, klass, size)
         waiter = Waiter(ctx, tenant, ctx.tenant.weight if ctx.tenant else 1.0, cost, size, now)
         state.queues[klass].push(waiter)
@@ -159,15 +158,14 @@ class Controller:
         try:
             # a little before the deadline, so that a grant racing the timer still starts within it
             await asyncio.wait_for(asyncio.shield(waiter.future), timeout=max(0.0, deadline_s - _DEADLINE_MARGIN_S))
-        except ApiError:  # displaced by higher-priority work (see _make_room)
+        except Shed:  # displaced by higher-priority work (see _make_room)
             raise
         except TimeoutError:
             if waiter.future.done() and not waiter.future.cancelled():
                 return  # granted at the last moment: keep it
             self._forget(state, waiter)
-            self._shed(klass, "deadline")
-            raise _too_busy(klass, self._predicted_wait(state, klass, self.clock()) or deadline_s,
-                            "waited its class's longest queue wait") from None
+            raise self._shed(klass, "deadline", self._predicted_wait(state, klass, self.clock()) or deadline_s,
+                             "waited its class's longest queue wait") from None
         except asyncio.CancelledError:  # the client left (or the server stops)
             if waiter.future.done() and waiter.future.exception() is None:
                 state.give(tenant)  # granted but never started: give the slot to the next one
@@ -239,15 +237,14 @@ class Controller:
             victim_class = next((k for k in reversed(TIERS) if TIERS.index(k) > TIERS.index(klass)
                                  and state.queues[k].count), None)
             if victim_class is None or state.queues[klass].count >= scheduling.max_queued:
-                self._shed(klass, "queue_full")
-                raise _too_busy(klass, self._predicted_wait(state, klass, self.clock()) or 1.0, "found its queue full")
+                raise self._shed(klass, "queue_full", self._predicted_wait(state, klass, self.clock()) or 1.0,
+                                 "found its queue full")
             victim = state.queues[victim_class].newest()
             assert victim is not None
             self._forget(state, victim)
-            victim.future.set_exception(_too_busy(victim_class, self._predicted_wait(state, victim_class,
-                                                                                     self.clock()) or 1.0,
-                                                  "was shed to make room for higher-priority work"))
-            self._shed(victim_class, "displaced")
+            victim.future.set_exception(self._shed(
+                victim_class, "displaced", self._predicted_wait(state, victim_class, self.clock()) or 1.0,
+                "was shed to make room for higher-priority work"))
 
     def _forget(self, state: PoolState, waiter: Waiter) -> None:
         if state.queues[waiter.ctx.service_class].remove(waiter):
@@ -280,8 +277,7 @@ class Controller:
         name = ctx.tenant.name
         held = self.tenant_inflight.get(name, 0)
         if held >= cap:
-            raise ApiError(429, f"Too many requests in flight for this tenant (limit {cap}); retry shortly.",
-                           "rate_limit_error", "tenant_concurrency_exceeded", headers=[(b"retry-after", b"1")])
+            raise TenantBusy(f"Too many requests in flight for this tenant (limit {cap}); retry shortly.")
         self.tenant_inflight[name] = held + 1
 
     def _tenant_give(self, ctx: RequestContext) -> None:
@@ -293,9 +289,12 @@ class Controller:
         else:
             self.tenant_inflight.pop(name, None)
 
-    def _shed(self, klass: str, reason: str) -> None:
+    def _shed(self, klass: str, reason: str, wait_s: float, why: str) -> Shed:
+        """Count a request turned away, and say why: the outcome the caller raises."""
         if self.metrics is not None:
             self.metrics.shed.labels(klass, reason).inc()
+        retry = max(1, math.ceil(wait_s))
+        return Shed(f"The {klass} queue is too busy: this request {why}. Retry after {retry} s.", klass, reason, retry)
 
     def _publish_depth(self, state: PoolState) -> None:
         if self.metrics is not None:
@@ -318,9 +317,3 @@ class Controller:
 def _share(total: int, fraction: float) -> int:
     """Slots held back for a higher class: a share of the capacity, never all of it."""
     return min(math.ceil(total * fraction), max(0, total - 1))
-
-
-def _too_busy(klass: str, wait_s: float, why: str) -> ApiError:
-    retry = max(1, math.ceil(wait_s))
-    return ApiError(429, f"The {klass} queue is too busy: this request {why}. Retry after {retry} s.",
-                    "rate_limit_error", "queue_overloaded", headers=[(b"retry-after", str(retry).encode())])

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import orjson
 
-from gateway.metrics import GatewayMetrics
+from gateway.ops.metrics import GatewayMetrics
 
 log = logging.getLogger("tollgate.alerts")
 KEEP = 1000  # recent alerts listed by /admin/anomalies

@@ -20,10 +20,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from gateway.context import RequestContext
+from gateway.errors import InvalidRequest, OverBudget
 from gateway.ledger import prices as pricing
+from gateway.ledger import times
 from gateway.ledger.stores import OPEN_END, LedgerStore
-from gateway.metrics import GatewayMetrics
-from gateway.openai_api import ApiError, Call
+from gateway.openai_api import Call
+from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.loader import TenantView
 from gateway.policy.schema import Budget
 from gateway.spend.alerts import Alerts
@@ -46,14 +48,6 @@ class Reservation:
 def period_key(tenant: str, budget: Budget, now: float) -> str:
     day = datetime.fromtimestamp(now, UTC)
     return f"{tenant}:{day:%Y-%m-%d}" if budget.period == "day" else f"{tenant}:{day:%Y-%m}"
-
-
-def period_start(budget: Budget, now: float) -> str:
-    day = datetime.fromtimestamp(now, UTC)
-    start = day.replace(hour=0, minute=0, second=0, microsecond=0)
-    if budget.period == "month":
-        start = start.replace(day=1)
-    return start.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class Spend:
@@ -103,9 +97,9 @@ class Spend:
         webhook = _webhook(ctx)
         if rule.action == "reject":
             self.alerts.raise_alert("request_cost", "reject", webhook, **details)
-            raise ApiError(400, f"This request could cost up to ${worst_usd:.6f}, over {rule.k:g}x this tenant's "
-                           f"usual ${baseline:.6f}; lower max_tokens or the prompt size.", code="cost_anomaly",
-                           param="max_tokens")
+            raise InvalidRequest(f"This request could cost up to ${worst_usd:.6f}, over {rule.k:g}x this tenant's "
+                                 f"usual ${baseline:.6f}; lower max_tokens or the prompt size.", "cost_anomaly",
+                                 param="max_tokens")
         if rule.action == "clamp":
             fitted = _fit_max_tokens(ctx, call, rule.k * baseline, version)
             if fitted is not None:
@@ -132,17 +126,17 @@ class Spend:
         granted, spent, reserved = result
         self.metrics.budget_remaining.labels(tenant.name).set((limit - spent - reserved) / NANO)
         if not granted:
-            raise ApiError(429, f"Tenant '{tenant.name}' has used its {budget.period}ly budget of "
+            raise OverBudget(f"Tenant '{tenant.name}' has used its {budget.period}ly budget of "
                            f"${budget.limit_usd:g} (spent ${spent / NANO:.6f}, ${reserved / NANO:.6f} reserved by "
                            "requests in flight); this request could cost up to "
-                           f"${worst_usd:.6f}.", "insufficient_quota", "insufficient_quota")
+                           f"${worst_usd:.6f}.")
         ctx.reservation = Reservation(key, amount, budget)
 
     async def _seed(self, tenant: str, budget: Budget, now: float) -> int:
         """The period's spend so far, from the ledger (the truth when the counter is new or was lost)."""
         if self.ledger is None:
             return 0
-        rows = await asyncio.to_thread(self.ledger.totals, period_start(budget, now), OPEN_END, [], tenant)
+        rows = await asyncio.to_thread(self.ledger.totals, times.period_start(budget.period, now), OPEN_END, [], tenant)
         return math.ceil((rows[0]["cost_usd"] if rows else 0.0) * NANO)
 
     def settle(self, ctx: RequestContext, cost_usd: float) -> None:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from gateway.scheduling.saturation import Share
+from gateway.scheduling.capacity import Share
 
 if TYPE_CHECKING:
     from gateway.state import SharedState

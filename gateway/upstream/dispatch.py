@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator
 import aiohttp
 
 from gateway.context import RequestContext
-from gateway.openai_api import ApiError
-from gateway.routing import pick
-from gateway.upstream.errors import COOLDOWN_STATUS, RETRYABLE_STATUS, UpstreamError, worker_errors
+from gateway.errors import Unavailable
+from gateway.fleet.observe import Worker
+from gateway.upstream.errors import COOLDOWN_STATUS, RETRYABLE_STATUS, UpstreamFailed, worker_errors
 from gateway.upstream.pools import UpstreamPool
-from gateway.workers_state import Worker
+from gateway.upstream.routing import pick
 
 # Set by aiohttp's trace hook in the request's own task: when the request head was written to the worker.
 _head_sent_at: contextvars.ContextVar[list[float]] = contextvars.ContextVar("head_sent_at")
@@ -43,10 +43,10 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str,
                    payload: bytes) -> AsyncIterator[tuple[Worker, aiohttp.ClientResponse]]:
     """``async with dispatch(...) as (worker, response):`` the response head of a worker that took the request.
 
-    Raises ApiError 503 when no worker is available, 502 when every try failed."""
+    Raises Unavailable when no worker is available, UpstreamFailed when every try failed."""
     assert pool.session is not None
     exclude: set[Worker] = set()
-    failure: UpstreamError | None = None
+    failure: UpstreamFailed | None = None
     headers = {"content-type": "application/json", "x-request-id": ctx.request_id}
     for attempt in range(2):
         worker = pick(pool.workers, exclude)
@@ -65,7 +65,7 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str,
                 with worker_errors(worker, "connect", pool.spec.cooldown_s):
                     response = await pool.session.post(worker.url + path, data=payload, headers=headers,
                                                        timeout=pool.timeout)
-            except UpstreamError as exc:
+            except UpstreamFailed as exc:
                 failure = exc
                 continue
             finally:
@@ -88,6 +88,5 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str,
     if failure is not None:
         raise failure
     if ctx.attempts:  # every worker tried answered 5xx, and the last one is out of routing now
-        raise UpstreamError("head", "every try failed")
-    raise ApiError(503, f"No healthy worker serves the model '{ctx.model}' right now.", "server_error",
-                   "upstream_unavailable")
+        raise UpstreamFailed("head", "every try failed")
+    raise Unavailable(f"No healthy worker serves the model '{ctx.model}' right now.", "upstream_unavailable")

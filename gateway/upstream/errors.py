@@ -1,7 +1,7 @@
 """The one map from transport failures to the gateway's errors, as httpx/_transports/default.py maps httpcore's.
 
-A worker failure does two things: the worker leaves routing for its cooldown, and the client gets an
-OpenAI-shaped error that names no internals (no host:port, no exception class); the worker and the
+A worker failure does two things: the worker leaves routing for its cooldown, and the request ends in
+``UpstreamFailed``, whose client message names no internals (no host:port, no exception class); the worker and the
 reason stay in the request's log line and the worker's last_error.
 """
 
@@ -11,33 +11,16 @@ from types import TracebackType
 
 import aiohttp
 
-from gateway.openai_api import ApiError
-from gateway.workers_state import Worker, describe
+from gateway.errors import UpstreamFailed
+from gateway.fleet.observe import Worker, describe
 
 TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
 RETRYABLE_STATUS = frozenset({500, 502, 503, 504})  # retried on another worker before the first byte
 COOLDOWN_STATUS = frozenset({502, 503, 504})  # the worker is overloaded or down: leave it out for a while
 
-_CLIENT_MESSAGE = {
-    "connect": "No worker could take the request.",
-    "head": "The worker failed before answering.",
-    "stream": "The worker failed mid-stream; the answer is incomplete.",
-}
-_CODE = {"connect": "upstream_unavailable", "head": "upstream_broken", "stream": "upstream_stream_broken"}
-
-
-class UpstreamError(ApiError):
-    """A worker failed during ``phase`` (connect | head | stream); ``reason`` is for logs, not for clients."""
-
-    def __init__(self, phase: str, reason: str) -> None:
-        super().__init__(502, _CLIENT_MESSAGE[phase], "server_error", _CODE[phase])
-        self.phase = phase
-        self.reason = reason
-
-
 class worker_errors:
     """``with worker_errors(worker, phase, cooldown_s):`` turns a transport failure inside the block into
-    UpstreamError and cools the worker down. (A class, not @contextmanager: it runs twice per request, and a
+    UpstreamFailed and cools the worker down. (A class, not @contextmanager: it runs twice per request, and a
     generator-based context manager costs several times more.)"""
 
     __slots__ = ("cooldown_s", "phase", "worker")
@@ -55,4 +38,4 @@ class worker_errors:
             self.worker.fail(reason, self.cooldown_s)
             # connected, but the head never came: the worker failed before answering, it was not unreachable
             phase = "head" if self.phase == "connect" and isinstance(exc, aiohttp.SocketTimeoutError) else self.phase
-            raise UpstreamError(phase, reason) from None
+            raise UpstreamFailed(phase, reason) from None

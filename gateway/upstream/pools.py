@@ -15,9 +15,9 @@ from types import TracebackType
 
 import aiohttp
 
-from gateway.metrics import GatewayMetrics
+from gateway.fleet.observe import Worker, scrape, scrape_forever
+from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import Pool
-from gateway.workers_state import Worker, scrape, scrape_forever
 
 
 def session(spec: Pool, traces: list[aiohttp.TraceConfig] | None = None) -> aiohttp.ClientSession:

@@ -20,10 +20,11 @@ import orjson
 
 from gateway import sse
 from gateway.context import RequestContext
-from gateway.openai_api import LARGE_BODY, ApiError, error_body
+from gateway.errors import WorkerRejected
+from gateway.fleet.observe import Worker
+from gateway.openai_api import LARGE_BODY
 from gateway.sink import Sink
-from gateway.upstream.errors import COOLDOWN_STATUS, UpstreamError, worker_errors
-from gateway.workers_state import Worker
+from gateway.upstream.errors import COOLDOWN_STATUS, UpstreamFailed, worker_errors
 
 log = logging.getLogger("tollgate.upstream")
 
@@ -139,7 +140,8 @@ async def relay_stream(ctx: RequestContext, worker: Worker, response: aiohttp.Cl
     """Forward an SSE answer. The response head waits for the first upstream byte (it carries Server-Timing).
 
     ``usage`` is what the client asked for: (the final usage event, usage on every chunk). A worker that fails
-    mid-stream ends the stream with an SSE error event and [DONE], then UpstreamError."""
+    mid-stream: what it sent is flushed, the stream left open, and UpstreamFailed raised (the sink ends the
+    stream with an SSE error event and [DONE])."""
     splitter, tap = sse.EventSplitter(), _UsageTap(relayed, *usage)
     content = response.content
     captured: list[bytes] | None = [] if capture else None
@@ -148,7 +150,7 @@ async def relay_stream(ctx: RequestContext, worker: Worker, response: aiohttp.Cl
     ctx.timings.first_byte()
     await sink.start(200, [*ctx.response_headers(), *_SSE_HEADERS,
                            (b"server-timing", ctx.timings.server_timing())])
-    failure: UpstreamError | None = None
+    failure: UpstreamFailed | None = None
     try:
         with worker_errors(worker, "stream", cooldown_s):
             while chunk:
@@ -166,14 +168,13 @@ async def relay_stream(ctx: RequestContext, worker: Worker, response: aiohttp.Cl
                 chunk = await content.readany()
         response.release()  # finished: the connection goes back to the pool
         relayed.answered = True
-    except UpstreamError as exc:
+    except UpstreamFailed as exc:
         failure = exc
-    tail = splitter.pending
     if failure is not None:
-        tail += sse.event(error_body(failure.message, failure.type, failure.code)) + sse.DONE_EVENT
-    await sink.send(tail, more=False)
-    if failure is not None:
+        if splitter.pending:
+            await sink.send(splitter.pending, more=True)
         raise failure
+    await sink.send(splitter.pending, more=False)
     if captured is not None:
         relayed.captured = b"".join(captured)
 
@@ -202,15 +203,15 @@ async def relay_body(ctx: RequestContext, worker: Worker, response: aiohttp.Clie
     if status >= 500:
         if status in COOLDOWN_STATUS:
             worker.fail(f"HTTP {status}", cooldown_s)
-        raise UpstreamError("head", f"HTTP {status}")
+        raise UpstreamFailed("head", f"HTTP {status}")
     if status >= 400:
-        raise ApiError(status, _worker_complaint(body), "invalid_request_error", f"upstream_{status}")
+        raise WorkerRejected(_worker_complaint(body), status)
     if status == 200:
         try:
             parsed = await asyncio.to_thread(orjson.loads, body) if len(body) > LARGE_BODY else orjson.loads(body)
         except orjson.JSONDecodeError:
             log.warning("worker %s sent a non-JSON 200 body", worker.url)
-            raise UpstreamError("head", "non-JSON 200 body") from None
+            raise UpstreamFailed("head", "non-JSON 200 body") from None
         relayed.usage = parsed.get("usage") if isinstance(parsed, dict) else None
         relayed.final_usage = relayed.usage is not None
         relayed.captured = body

@@ -13,8 +13,10 @@ from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
+from gateway import sse
 from gateway.context import Headers
-from gateway.openai_api import ApiError
+from gateway.errors import ClientGone, GatewayError, InvalidRequest, TooLarge
+from gateway.http.errors import body_of, render
 
 __all__ = ["AsgiSink", "Message", "Receive", "Scope", "Send", "read_body", "request_headers", "until_disconnect"]
 
@@ -30,24 +32,24 @@ def request_headers(scope: Scope) -> dict[bytes, bytes]:
         names = [name for name, _ in raw]
         for name in _SINGLE:
             if names.count(name) > 1:
-                raise ApiError(400, f"The '{name.decode()}' header was sent more than once.", code="duplicate_header")
+                raise InvalidRequest(f"The '{name.decode()}' header was sent more than once.", "duplicate_header")
     return headers
 
 
 async def read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -> bytes:
     declared = headers.get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"The request body is larger than {limit} bytes.", code="request_too_large")
+        raise TooLarge(f"The request body is larger than {limit} bytes.", "request_too_large")
     parts = []
     size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise ApiError(499, "The client disconnected.", code="client_disconnected")
+            raise ClientGone("The client disconnected.", "client_disconnected")
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise ApiError(413, f"The request body is larger than {limit} bytes.", code="request_too_large")
+            raise TooLarge(f"The request body is larger than {limit} bytes.", "request_too_large")
         parts.append(chunk)
         if not message.get("more_body"):
             return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -56,26 +58,40 @@ async def read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -
 class AsgiSink:
     """A Sink over ASGI ``send``; the status it started with is the status the client got."""
 
-    __slots__ = ("_send", "status")
+    __slots__ = ("_open", "_send", "status")
 
     def __init__(self, send: Send) -> None:
         self._send = send
         self.status: int | None = None
+        self._open = False  # started, and the body not ended yet
 
     async def start(self, status: int, headers: Headers) -> None:
         if self.status is not None:
             raise RuntimeError("the response has already started")
         self.status = status
+        self._open = True
         try:
             await self._send({"type": "http.response.start", "status": status, "headers": headers})
         except OSError:
             pass  # the client is gone; the disconnect watch ends the request
 
     async def send(self, body: bytes, more: bool = False) -> None:
+        self._open = more
         try:
             await self._send({"type": "http.response.body", "body": body, "more_body": more})
         except OSError:
             pass
+
+    async def fail(self, error: GatewayError, headers: Headers) -> None:
+        """The error as the whole answer; or, in a stream that already started, as an SSE error event and
+        [DONE] (the status has gone out, so the client reads the failure in the stream)."""
+        if self.status is None:
+            status, extra, body = render(error)
+            await self.start(status, [*headers, *extra, (b"content-type", b"application/json"),
+                                      (b"content-length", str(len(body)).encode())])
+            await self.send(body)
+        elif self._open:
+            await self.send(sse.event(body_of(error)) + sse.DONE_EVENT)
 
 
 async def until_disconnect(work: Coroutine[Any, Any, None], receive: Receive) -> bool:

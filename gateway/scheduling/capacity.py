@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.fleet.observe import Worker
 from gateway.policy.schema import Pool, SchedulingPolicy
-from gateway.workers_state import Worker
 
 # A worker's concurrency before anything is learned: start low and probe up (by a quarter a read while the
 # engine keeps up), rather than at the ceiling. Started at the ceiling, a burst of batch lines arriving first

@@ -18,7 +18,7 @@ import collections
 import time
 from dataclasses import dataclass, field
 
-from gateway.metrics import GatewayMetrics
+from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import Autoscaling, Policy
 from gateway.upstream.pools import UpstreamPool
 

@@ -19,10 +19,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from gateway.http.guards import COOKIE, gateway_of, reads_reports
+from gateway.http.reports import sum_rows, with_rates
 from gateway.ledger.stores import OPEN_END, LedgerStore
-from gateway.reports import COOKIE, iso, reads_reports, sum_rows, with_rates
+from gateway.ledger.times import period_start, sortable
 from gateway.runtime import Gateway
-from gateway.spend.service import period_start
 
 COLORS = ("#3b6ea5", "#e07b39", "#4f9d69", "#b5485d", "#7d5ba6", "#c9a227", "#3a9ca6", "#8c6d46")
 STYLE = """
@@ -37,42 +38,45 @@ margin-right:4px}form.login{background:#fff;border:1px solid #dde1e8;padding:16p
 """
 
 
-def routes(gw: Gateway) -> list[Route]:
-    async def page(request: Request) -> Response:
-        if not reads_reports(request, gw.store.current):
-            return _login()
-        if gw.ledger is None:
-            return HTMLResponse(_html("Tollgate costs", "<p>The ledger is not enabled: start the gateway with a "
-                                      "data directory.</p>"), 409)
-        days = request.query_params.get("days", "30")
-        days_n = int(days) if days.isdigit() and 1 <= int(days) <= 366 else 30
-        data = await asyncio.to_thread(_gather, gw.ledger.store, gw, days_n)
-        return HTMLResponse(_dashboard(data, days_n, list(gw.alerts.recent)[-20:][::-1]))
+async def page(request: Request) -> Response:
+    gw = gateway_of(request)
+    if not reads_reports(request, gw.store.current):
+        return _login()
+    if gw.ledger is None:
+        return HTMLResponse(_html("Tollgate costs", "<p>The ledger is not enabled: start the gateway with a "
+                                  "data directory.</p>"), 409)
+    days = request.query_params.get("days", "30")
+    days_n = int(days) if days.isdigit() and 1 <= int(days) <= 366 else 30
+    data = await asyncio.to_thread(_gather, gw.ledger.store, gw, days_n)
+    return HTMLResponse(_dashboard(data, days_n, list(gw.alerts.recent)[-20:][::-1]))
 
-    async def login(request: Request) -> Response:
-        form = await request.form(max_files=0, max_fields=4)
-        token = str(form.get("token") or "")
-        if not reads_reports(request, gw.store.current, token):
-            return _login("That token does not open the reports.", 401)
-        response = RedirectResponse("/reports", 303)
-        response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/",
-                            secure=request.url.scheme == "https")
-        return response
 
-    async def logout(request: Request) -> Response:
-        response = RedirectResponse("/reports", 303)
-        response.delete_cookie(COOKIE, path="/")
-        return response
+async def login(request: Request) -> Response:
+    form = await request.form(max_files=0, max_fields=4)
+    token = str(form.get("token") or "")
+    if not reads_reports(request, gateway_of(request).store.current, token):
+        return _login("That token does not open the reports.", 401)
+    response = RedirectResponse("/reports", 303)
+    response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/",
+                        secure=request.url.scheme == "https")
+    return response
 
-    return [Route("/reports", page, methods=["GET"]), Route("/reports/login", login, methods=["POST"]),
-            Route("/reports/logout", logout, methods=["POST"])]
+
+async def logout(request: Request) -> Response:
+    response = RedirectResponse("/reports", 303)
+    response.delete_cookie(COOKIE, path="/")
+    return response
+
+
+ROUTES = [Route("/reports", page, methods=["GET"]), Route("/reports/login", login, methods=["POST"]),
+          Route("/reports/logout", logout, methods=["POST"])]
 
 
 def _gather(store: LedgerStore, gw: Gateway, days: int) -> dict[str, Any]:
     """Every figure on the page, from the store (on a thread)."""
     now = time.time()
     today = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    start, end = iso(today - timedelta(days=days - 1)), iso(today + timedelta(days=1))
+    start, end = sortable(today - timedelta(days=days - 1)), sortable(today + timedelta(days=1))
     by_day_tenant = store.totals(start, end, ["day", "tenant"], None)
     by_model = sorted((with_rates(r) for r in store.totals(start, end, ["model"], None)),
                       key=lambda r: -r["cost_usd"])
@@ -81,7 +85,7 @@ def _gather(store: LedgerStore, gw: Gateway, days: int) -> dict[str, Any]:
     for name, tenant in gw.store.current.tenants.items():
         if tenant.budget is None:
             continue
-        rows = store.totals(period_start(tenant.budget, now), OPEN_END, [], name)
+        rows = store.totals(period_start(tenant.budget.period, now), OPEN_END, [], name)
         spent = rows[0]["cost_usd"] if rows else 0.0
         budgets.append({"tenant": name, "period": tenant.budget.period, "limit_usd": tenant.budget.limit_usd,
                         "spent_usd": spent})

@@ -21,7 +21,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.openai_api import error_body
+from gateway.errors import InvalidRequest
+from gateway.http.errors import body_of
 from gateway.policy.schema import Server
 
 _REASONS = {408: b"Request Timeout", 414: b"URI Too Long", 431: b"Request Header Fields Too Large"}
@@ -93,7 +94,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._refused = True
         self._deadline = None
         message, code = _MESSAGES[status]
-        body = error_body(message, "invalid_request_error", code)
+        body = body_of(InvalidRequest(message, code))
         self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
                              b"connection: close\r\n\r\n" % (status, _REASONS[status], len(body)) + body)
         self.transport.close()

@@ -1,0 +1,83 @@
+"""The admin API (/admin/*): policy apply and status, queues, cache purge, anomalies, scale. Every route needs
+the admin token (the cost reports, which a finance token also reads, are in gateway.http.reports)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.cache.store import StoreUnavailable
+from gateway.errors import Conflict, InvalidRequest, Unavailable
+from gateway.http.guards import gateway_of, require_admin
+from gateway.http.responses import json_response
+from gateway.policy.loader import PolicyError
+
+
+async def put_policy(request: Request) -> Response:
+    require_admin(request)
+    store = gateway_of(request).store
+    text = (await request.body()).decode("utf-8", errors="replace")
+    try:
+        changes = await store.apply_text(text)
+    except PolicyError as exc:
+        rejected = InvalidRequest("The policy was rejected; the running one stays.", "invalid_policy")
+        rejected.details = [{"path": p, "message": m} for p, m in exc.errors]
+        raise rejected from None
+    return json_response({"status": "applied", "digest": store.current.digest, "diff": changes})
+
+
+async def policy_status(request: Request) -> Response:
+    require_admin(request)
+    return json_response(gateway_of(request).store.status())
+
+
+async def purge_cache(request: Request) -> Response:
+    require_admin(request)
+    gw = gateway_of(request)
+    q = request.query_params
+    repeated = sorted(k for k in set(q.keys()) if len(q.getlist(k)) > 1)
+    if repeated:
+        raise InvalidRequest(f"Give each selector once: {', '.join(repeated)} repeated.", "repeated_parameter")
+    if gw.cache is None:
+        raise Conflict("The cache is not enabled in the policy.", "cache_disabled")
+    if not (q.get("tenant") or q.get("model") or q.get("id") or q.get("all") == "true"):
+        raise InvalidRequest("Say what to purge: tenant=, model=, id= or all=true.", "missing_selector")
+    try:
+        purged = await gw.cache.purge(q.get("tenant"), q.get("model"), q.get("id"))
+    except StoreUnavailable:
+        raise Unavailable("The cache store is unreachable.", "cache_store_down") from None
+    return json_response({"purged": purged})
+
+
+async def queues(request: Request) -> Response:
+    """Per pool: requests started, drain rate, and per class the depth, oldest wait and depth by tenant."""
+    require_admin(request)
+    gw = gateway_of(request)
+    return json_response({"mode": gw.store.current.policy.scheduling.mode, "pools": gw.scheduler.snapshot()})
+
+
+async def anomalies(request: Request) -> Response:
+    """Recent alerts (cost anomalies, spend rate, budget thresholds), newest first; ?tenant= &kind= filter."""
+    require_admin(request)
+    q = request.query_params
+    found = [a for a in reversed(gateway_of(request).alerts.recent)
+             if (not q.get("tenant") or a.get("tenant") == q["tenant"])
+             and (not q.get("kind") or a["kind"] == q["kind"])]
+    return json_response({"object": "list", "data": found})
+
+
+async def scale(request: Request) -> Response:
+    """Per pool: the desired worker count by the scaling rules, why, and the signals behind it."""
+    require_admin(request)
+    return json_response({"pools": gateway_of(request).autoscaler.last})
+
+
+ROUTES = [
+    Route("/admin/scale", scale, methods=["GET"]),
+    Route("/admin/anomalies", anomalies, methods=["GET"]),
+    Route("/admin/queues", queues, methods=["GET"]),
+    Route("/admin/policy", put_policy, methods=["PUT"]),
+    Route("/admin/policy/status", policy_status, methods=["GET"]),
+    Route("/admin/cache", purge_cache, methods=["DELETE"]),
+]

@@ -1,0 +1,67 @@
+"""Who is calling a route, and may they: one guard per role, each raising an outcome the app's exception handler
+answers. Routes are module-level functions; they find the gateway through ``request.app.state``."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+
+from gateway.auth import identify, is_admin, token_matches
+from gateway.errors import NotAuthenticated, NotPermitted
+from gateway.http.asgi import request_headers
+from gateway.policy.loader import PolicySnapshot, TenantView
+from gateway.runtime import Gateway
+
+COOKIE = "tollgate_reports"  # the finance page's sign-in (gateway.http.reports_page)
+
+
+def gateway_of(request: Request) -> Gateway:
+    return request.app.state.gateway  # type: ignore[no-any-return]
+
+
+def authorization(request: Request) -> bytes | None:
+    """The Authorization header (refused with 400 when sent twice: which credential is the caller's?)."""
+    return request_headers(request.scope).get(b"authorization")
+
+
+def tenant_of(request: Request) -> TenantView:
+    """The tenant whose key the request carries."""
+    return identify(authorization(request), gateway_of(request).store.current)[0]
+
+
+def require_admin(request: Request) -> None:
+    snapshot = gateway_of(request).store.current
+    if snapshot.policy.server.admin_token_sha256 is None:
+        raise NotPermitted("The admin API is disabled: set server.admin_token_sha256.", "admin_disabled")
+    if not is_admin(authorization(request), snapshot):
+        raise NotAuthenticated("A valid admin token is required.", "invalid_admin_token")
+
+
+def reads_reports(request: Request, snapshot: PolicySnapshot, token: str | None = None) -> bool:
+    """Does the caller hold the finance or admin token (as a bearer, the page's cookie, or ``token``)?"""
+    candidates: list[bytes | None] = []
+    if token is not None:
+        candidates.append(b"Bearer " + token.encode())
+    else:
+        candidates.append(authorization(request))
+        if cookie := request.cookies.get(COOKIE):
+            candidates.append(b"Bearer " + cookie.encode())
+    finance = snapshot.policy.server.finance_token_sha256
+    return any(token_matches(c, finance) or is_admin(c, snapshot) for c in candidates)
+
+
+def require_reader(request: Request) -> None:
+    """The finance or admin token; a tenant's own key is told where its totals are."""
+    snapshot = gateway_of(request).store.current
+    if reads_reports(request, snapshot):
+        return
+    try:
+        identify(authorization(request), snapshot)
+    except NotAuthenticated:
+        raise NotAuthenticated("A finance or admin token is required.", "invalid_finance_token") from None
+    raise NotPermitted("Cost reports need a finance or admin token; a tenant reads /v1/usage.", "forbidden")
+
+
+def require_metrics_reader(request: Request) -> None:
+    expected = gateway_of(request).store.current.policy.server.metrics_token_sha256
+    if expected is not None and not token_matches(authorization(request), expected):
+        raise NotAuthenticated("A valid metrics token is required.", "invalid_metrics_token")

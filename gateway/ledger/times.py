@@ -1,0 +1,31 @@
+"""The ledger's one time format, and the budget periods it is read by.
+
+Records store their time as text in this format and range queries compare it as text (in SQLite and
+PostgreSQL alike), so every writer and every query bound must format it here: fixed width, UTC, microseconds.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+def sortable(moment: datetime) -> str:
+    """A moment as the ledger writes and compares it (a naive moment is taken as UTC)."""
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC)
+    return moment.strftime(FORMAT)
+
+
+def at(timestamp: float) -> str:
+    """A Unix time as the ledger writes it."""
+    return datetime.fromtimestamp(timestamp, UTC).strftime(FORMAT)
+
+
+def period_start(period: str, now: float) -> str:
+    """Where the budget period (``day`` or ``month``, UTC) holding ``now`` began, in the ledger's format."""
+    start = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == "month":
+        start = start.replace(day=1)
+    return start.strftime(FORMAT)
