@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from gateway.scheduling.capacity import ALONE, Share
+from gateway.state.replicas import ALONE, Share
 
 DEFAULT_POLICY = "policies/default.yaml"
 DEMO_KEY = "tg-demo-key-change-me"

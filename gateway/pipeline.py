@@ -88,13 +88,13 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
     if pool is None:
         raise Unavailable(f"No worker pool serves the model '{ctx.model}' right now.", "upstream_unavailable")
     payload = await openai_api.serialise(call, ctx.service_class)
-    await gw.scheduler.admit(ctx, pool.name, pool.workers, pool.spec, call.cost, call.size)
+    await gw.scheduler.admit(ctx, pool.admission, call.cost, call.size)
     relayed = Relayed()
     try:
         await exchange(ctx, pool, payload, sink, relayed, (call.wants_usage, call.wants_continuous_usage),
                        capture=decision is not None and decision.keep_answer)
     finally:  # also when the client left or the worker failed: what was delivered is counted
-        gw.scheduler.release(ctx, pool.name)
+        gw.scheduler.release(ctx, pool.admission)
         count_tokens(ctx, relayed, call.prompt_estimate)
     ctx.timings.tpot = relayed.tpot
     _remember(gw, ctx, decision, relayed)

@@ -18,12 +18,11 @@ from gateway.ops.scaling import Autoscaler
 from gateway.policy.loader import PolicyError, PolicySnapshot, PolicyStore
 from gateway.policy.schema import CachePolicy
 from gateway.ratelimit import RateLimiter
-from gateway.scheduling.capacity import ALONE, Share
 from gateway.scheduling.controller import Controller
 from gateway.spend.alerts import Alerts
 from gateway.spend.service import Spend
 from gateway.state import SharedState
-from gateway.state.replicas import Replicas
+from gateway.state.replicas import ALONE, Replicas, Share
 from gateway.upstream.dispatch import connect_trace
 from gateway.upstream.pools import Upstreams
 
@@ -98,7 +97,9 @@ class Gateway:
 
     def _on_metrics(self, pool: str) -> None:
         """Fresh worker metrics may have opened room: let the scheduler grant what fits (event-driven)."""
-        self.scheduler.on_metrics(pool, self.store.current.policy.scheduling)
+        upstream = self.upstreams.pools.get(pool)
+        if upstream is not None:
+            self.scheduler.on_metrics(upstream.admission, self.store.current.policy.scheduling)
 
     async def _watch_loop_lag(self, interval: float = 0.1) -> None:
         loop = asyncio.get_running_loop()
@@ -111,23 +112,20 @@ class Gateway:
         """The scaling signal, every few seconds (cheap: a pass over the pools and the TTFT histogram)."""
         while True:
             await asyncio.sleep(interval)
-            queued = {name: sum(q.count for q in state.queues.values())
-                      for name, state in self.scheduler.pools.items()}
+            queued = {name: sum(q.count for q in pool.admission.queues.values())
+                      for name, pool in self.upstreams.pools.items()}
             self.autoscaler.step(time.monotonic(), self.store.current.policy, self.upstreams.pools, queued)
 
     async def _beat(self) -> None:
         assert self.replicas is not None
         pools = self.upstreams.pools.values()
-        share = await self.replicas.beat({w.url: (w.learned_limit, w.inflight) for pool in pools
+        share = await self.replicas.beat({w.url: (w.learned.limit, w.inflight) for pool in pools
                                           for w in pool.workers})
-        for pool in pools:
-            for worker in pool.workers:
-                worker.agreed_limit = self.replicas.agreed.get(worker.url, 0)
-                worker.others_excess = self.replicas.excess.get(worker.url, 0)
+        self.replicas.agree(w for pool in pools for w in pool.workers)
         if share != self.scheduler.share:
             self.scheduler.share = share
             self.metrics.gateway_processes.set(share.of)
-            for pool in self.scheduler.pools:  # a larger part may have room for what waits
+            for pool in self.upstreams.pools:  # a larger part may have room for what waits
                 self._on_metrics(pool)
 
     async def _keep_beating(self) -> None:

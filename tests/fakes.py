@@ -17,6 +17,7 @@ from aiohttp import web
 
 from gateway import pipeline
 from gateway.context import RequestContext
+from gateway.fleet.worker import Learned, Observed, Worker
 from gateway.policy.loader import PolicySnapshot, PolicyStore
 from gateway.policy.schema import Policy
 from gateway.runtime import Gateway
@@ -147,6 +148,11 @@ async def call(gw: Gateway, body: dict[str, Any] | bytes, tenant: str = "demo",
     async with pipeline.Lifecycle(gw, ctx, sink):
         await pipeline.run(gw, ctx, body if isinstance(body, bytes) else orjson.dumps(body), sink)
     return ctx, sink
+
+
+def live_worker(url: str, pool: str = "p", scraped_at: float = 0.0, limit: int = 0) -> Worker:
+    """A worker the scraper has admitted (healthy), as read at ``scraped_at``, with ``limit`` learned."""
+    return Worker(url, pool, observed=Observed(healthy=True, scraped_at=scraped_at), learned=Learned(limit=limit))
 
 
 def inflight(gw: Gateway) -> int:

@@ -11,7 +11,8 @@ from aiohttp import web
 from gateway.cache.keys import CacheKey, cache_key
 from gateway.cache.service import SemanticCache
 from gateway.cache.store import Entry, MemoryStore, StoreUnavailable
-from gateway.fleet.observe import Worker, scrape
+from gateway.fleet.observe import scrape
+from gateway.fleet.worker import Worker
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.loader import TenantView
 from gateway.policy.schema import CachePolicy
@@ -131,17 +132,17 @@ def test_one_late_health_check_does_not_drop_a_worker() -> None:
         timeout = aiohttp.ClientTimeout(total=0.2)
         async with aiohttp.ClientSession() as session:
             await scrape(worker, session, timeout, unhealthy_after=3)
-            assert worker.healthy
+            assert worker.observed.healthy
             slow.set()
             for n in (1, 2):
                 await scrape(worker, session, timeout, unhealthy_after=3)
-                assert worker.healthy and worker.failed_checks == n
-            assert worker.last_error and "Timeout" in worker.last_error, "the reason is never empty"
+                assert worker.observed.healthy and worker.observed.failed_checks == n
+            assert worker.observed.last_error and "Timeout" in worker.observed.last_error, "the reason is never empty"
             await scrape(worker, session, timeout, unhealthy_after=3)
-            assert not worker.healthy, "the third failure in a row leaves the worker out"
+            assert not worker.observed.healthy, "the third failure in a row leaves the worker out"
             slow.clear()
             await scrape(worker, session, timeout, unhealthy_after=3)
-            assert worker.healthy and worker.failed_checks == 0
+            assert worker.observed.healthy and worker.observed.failed_checks == 0
         await runner.cleanup()
     asyncio.run(main())
 

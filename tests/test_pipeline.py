@@ -10,7 +10,6 @@ import orjson
 from gateway import pipeline, sse
 from gateway.context import RequestContext
 from gateway.errors import UpstreamFailed
-from gateway.fleet.observe import Worker
 from gateway.sink import BufferSink
 from tests.fakes import (
     FakeWorker,
@@ -19,6 +18,7 @@ from tests.fakes import (
     completion_json,
     inflight,
     json_of,
+    live_worker,
     running_gateway,
     stream_of,
 )
@@ -118,12 +118,12 @@ def test_connect_error_is_retried_and_cools_the_worker_down() -> None:
         async with FakeWorker(json_of(completion_json())) as good, \
                 running_gateway([good.url], scrape_interval_s=10) as gw:
             workers = gw.upstreams.pools["main"].workers
-            dead = Worker(closed_port_url(), "main", healthy=True)
-            workers[0].kv_usage = 0.5  # the dead worker looks less loaded: it is picked first
+            dead = live_worker(closed_port_url(), "main")
+            workers[0].observed.kv_usage = 0.5  # the dead worker looks less loaded: it is picked first
             workers.insert(0, dead)
             answers = [await call(gw, chat()) for _ in range(3)]
             assert all(sink.status == 200 and ctx.worker == good.url for ctx, sink in answers)
-            assert not dead.healthy and dead.last_error and "ClientConnectorError" in dead.last_error
+            assert not dead.observed.healthy and "ClientConnectorError" in (dead.observed.last_error or "")
             assert answers[0][0].attempts == 2 and inflight(gw) == 0
     asyncio.run(main())
 
@@ -153,7 +153,8 @@ def test_a_workers_4xx_becomes_the_gateways_own_error() -> None:
             assert orjson.loads(sink.body)["error"] == {"message": "too long", "type": "invalid_request_error",
                                                         "param": None, "code": "upstream_400"}
             assert ctx.error == "upstream_400" and inflight(gw) == 0
-            assert gw.upstreams.pools["main"].workers[0].healthy, "a 4xx is the request's fault, not the worker's"
+            worker = gw.upstreams.pools["main"].workers[0]
+            assert worker.observed.healthy, "a 4xx is the request's fault, not the worker's"
     asyncio.run(main())
 
 

@@ -5,26 +5,27 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from gateway.fleet.observe import Worker
+from gateway.fleet.worker import Worker
 from gateway.upstream.routing import pick
+from tests.fakes import live_worker
 
 
 def workers(n: int) -> list[Worker]:
-    return [Worker(f"http://w{i}", "p", healthy=True) for i in range(n)]
+    return [live_worker(f"http://w{i}") for i in range(n)]
 
 
 def test_least_loaded_wins() -> None:
     ws = workers(3)
     ws[0].inflight, ws[1].inflight, ws[2].inflight = 3, 1, 2
     assert pick(ws) is ws[1]
-    ws[1].waiting = 5  # vLLM's own queue counts too
+    ws[1].observed.waiting = 5  # vLLM's own queue counts too
     assert pick(ws) is ws[2]
 
 
 def test_unavailable_and_excluded_workers_are_skipped() -> None:
     ws = workers(3)
-    ws[0].healthy = False
-    ws[1].cooldown_until = time.monotonic() + 60
+    ws[0].observed.healthy = False
+    ws[1].observed.cooldown_until = time.monotonic() + 60
     assert pick(ws) is ws[2]
     assert pick(ws, exclude={ws[2]}) is None
     assert pick([]) is None

@@ -9,13 +9,13 @@ import pytest
 
 from gateway.context import RequestContext
 from gateway.errors import Shed
-from gateway.fleet.observe import Worker
 from gateway.http.errors import render
 from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Policy
 from gateway.scheduling.capacity import HOLD_READS, learn, worker_slots
 from gateway.scheduling.controller import Controller
-from gateway.scheduling.queues import ClassQueue, Waiter
+from gateway.scheduling.queues import ClassQueue, PoolState, Waiter
+from tests.fakes import live_worker
 
 
 class Clock:
@@ -41,8 +41,9 @@ class Harness:
         self.clock = Clock()
         self.snap = snapshot(**scheduling)
         self.controller = Controller(clock=self.clock)
-        self.worker = Worker("http://w1", "p", healthy=True, scraped_at=self.clock.now, learned_limit=2)
+        self.worker = live_worker("http://w1", scraped_at=self.clock.now, limit=2)
         self.spec = self.snap.policy.pools["p"]
+        self.pool = PoolState("p", [self.worker], self.spec)
         self.granted: list[str] = []
 
     def ctx(self, tenant: str, klass: str | None = None) -> RequestContext:
@@ -52,14 +53,14 @@ class Harness:
         return ctx
 
     async def admit(self, ctx: RequestContext, cost: int = 100, size: int = 100) -> RequestContext:
-        await self.controller.admit(ctx, "p", [self.worker], self.spec, cost, size)
+        await self.controller.admit(ctx, self.pool, cost, size)
         self.worker.inflight += 1  # what the dispatch lease does
         self.granted.append(ctx.request_id)
         return ctx
 
     def release(self, ctx: RequestContext) -> None:
         self.worker.inflight -= 1
-        self.controller.release(ctx, "p")
+        self.controller.release(ctx, self.pool)
 
     def queue(self, tenant: str, klass: str | None = None, **kw: Any) -> asyncio.Task[RequestContext]:
         return asyncio.ensure_future(self.admit(self.ctx(tenant, klass), **kw))
@@ -133,7 +134,7 @@ def test_a_request_that_would_miss_its_deadline_is_shed_at_once() -> None:
     async def main() -> None:
         h = Harness(tiers={"standard": {"max_queue_wait_ms": 1600}})
         running = [await h.admit(h.ctx("s1")), await h.admit(h.ctx("s2"))]
-        state = h.controller.pools["p"]
+        state = h.pool
         for i in range(10):  # it drains 2 requests a second
             state.completions.append(h.clock.now - 5 + i * 0.5)
         waiting = [h.queue("s1") for _ in range(3)]  # 0.5, 1.0 and 1.5 s away: within the 1.6 s deadline
@@ -156,7 +157,7 @@ def test_premium_is_not_refused_on_a_forecast_only_at_its_deadline() -> None:
     async def main() -> None:
         h = Harness(tiers={"premium": {"max_queue_wait_ms": 1600}})
         running = [await h.admit(h.ctx("p1")), await h.admit(h.ctx("p1"))]
-        state = h.controller.pools["p"]
+        state = h.pool
         for i in range(10):  # it drains 2 requests a second: 5 ahead would forecast 2.5 s, past 1.6 s
             state.completions.append(h.clock.now - 5 + i * 0.5)
         waiting = [h.queue("p1") for _ in range(5)]
@@ -180,10 +181,10 @@ def test_a_queued_request_past_its_deadline_gets_429_and_leaves() -> None:
         with pytest.raises(Shed) as caught:
             await h.admit(h.ctx("s1"))
         assert caught.value.reason == "deadline" and b"retry-after" in dict(render(caught.value)[1])
-        assert h.controller.pools["p"].queues["standard"].count == 0
+        assert h.pool.queues["standard"].count == 0
         for ctx in running:
             h.release(ctx)
-        assert h.controller.pools["p"].granted == 0
+        assert h.pool.granted == 0
     asyncio.run(main())
 
 
@@ -196,7 +197,7 @@ def test_a_client_that_leaves_the_queue_takes_nothing_with_it() -> None:
         await settle()
         leaving.cancel()
         await settle()
-        assert h.controller.pools["p"].queues["standard"].count == 1
+        assert h.pool.queues["standard"].count == 1
         h.release(running[0])
         await settle()
         assert staying.done() and h.granted[-1] == "s2", "the next one in line got the slot"
@@ -207,7 +208,7 @@ def test_a_client_that_leaves_the_queue_takes_nothing_with_it() -> None:
 def test_a_flooding_tenant_leaves_a_slot_for_another_active_tenant() -> None:
     async def main() -> None:
         h = Harness(tenant_headroom=0.1)
-        h.worker.learned_limit = 8
+        h.worker.learned.limit = 8
         alone = [await h.admit(h.ctx("s1")) for _ in range(8)]
         assert len(alone) == 8, "a lone tenant may use every slot"
         for ctx in alone:
@@ -215,7 +216,7 @@ def test_a_flooding_tenant_leaves_a_slot_for_another_active_tenant() -> None:
         h.release(await h.admit(h.ctx("s2")))  # a second tenant has used the pool this minute
         flood = [h.queue("s1") for _ in range(12)]
         await settle()
-        state = h.controller.pools["p"]
+        state = h.pool
         assert state.held == {"s1": 7} and state.queues["standard"].count == 5, "one slot (10%) left free"
         quiet = h.queue("s2")
         await settle()
@@ -243,7 +244,7 @@ def test_full_queues_shed_the_lowest_class_first() -> None:
         with pytest.raises(Shed) as caught:
             await batch
         assert caught.value.reason == "displaced" and "higher-priority" in caught.value.message
-        assert not premium.done() and h.controller.pools["p"].queues["premium"].count == 1
+        assert not premium.done() and h.pool.queues["premium"].count == 1
         with pytest.raises(Shed):
             await h.admit(h.ctx("s1"), size=900)  # nothing lower to shed: this one is refused
         premium.cancel()
@@ -282,40 +283,40 @@ def test_fifo_mode_admits_at_once() -> None:
 
 
 def test_worker_concurrency_is_learned_from_its_metrics() -> None:
-    worker = Worker("http://w", "p", healthy=True)
+    worker = live_worker("http://w")
     learn(worker, ceiling=64)
-    assert worker.learned_limit == 8, "it starts low, not at the ceiling"
-    worker.running = 8  # keeping up at the limit: probe upwards, doubling while no limit has shown
+    assert worker.learned.limit == 8, "it starts low, not at the ceiling"
+    worker.observed.running = 8  # keeping up at the limit: probe upwards, doubling while no limit has shown
     learn(worker, ceiling=64)
-    assert worker.learned_limit == 16
+    assert worker.learned.limit == 16
     learn(worker, ceiling=64)
-    assert worker.learned_limit == 16, "running 8 of 16: no need for more"
-    worker.running, worker.waiting = 8, 3  # the engine runs 8 and queues the rest
+    assert worker.learned.limit == 16, "running 8 of 16: no need for more"
+    worker.observed.running, worker.observed.waiting = 8, 3  # the engine runs 8 and queues the rest
     learn(worker, ceiling=64)
-    assert worker.learned_limit == 16, "one read with requests waiting may be a request between two steps"
+    assert worker.learned.limit == 16, "one read with requests waiting may be a request between two steps"
     learn(worker, ceiling=64)
-    assert worker.learned_limit == 8, "two in a row: 8 is what it runs"
-    worker.running, worker.waiting = 8, 0  # keeping up at its limit: not above it again at once
+    assert worker.learned.limit == 8, "two in a row: 8 is what it runs"
+    worker.observed.running, worker.observed.waiting = 8, 0  # keeping up at its limit: not above it again at once
     for _ in range(HOLD_READS):
         learn(worker, ceiling=64)
-    assert worker.learned_limit == 8, "held at what the engine showed for a while"
+    assert worker.learned.limit == 8, "held at what the engine showed for a while"
     learn(worker, ceiling=64)
-    assert worker.learned_limit == 10, "then probing upwards again, a quarter at a time now"
+    assert worker.learned.limit == 10, "then probing upwards again, a quarter at a time now"
     snap = snapshot()
     spec, scheduling = snap.policy.pools["p"], snap.policy.scheduling
-    worker.scraped_at = 100.0
+    worker.observed.scraped_at = 100.0
     assert worker_slots(worker, spec, scheduling, now=100.5) == 10
-    worker.waiting = 2
+    worker.observed.waiting = 2
     assert worker_slots(worker, spec, scheduling, now=100.5) == 10, "the learned limit, no stall"
     assert worker_slots(worker, spec, scheduling, now=110.0) == worker.inflight, "stale metrics: no new work"
-    worker.kv_usage = 0.95
+    worker.observed.kv_usage = 0.95
     assert worker_slots(worker, spec, scheduling, now=100.5) == worker.inflight, "KV nearly full: no new work"
 
 
 def test_churn_does_not_shrink_the_learned_limit() -> None:
     """Short requests finishing and arriving between steps: reads catch 3 of 4 running with one waiting."""
-    worker = Worker("http://w", "p", healthy=True)
+    worker = live_worker("http://w")
     for running, waiting in ((4, 1), (3, 1), (3, 1), (4, 0), (3, 1), (3, 1), (3, 1)):
-        worker.running, worker.waiting = running, waiting
+        worker.observed.running, worker.observed.waiting = running, waiting
         learn(worker, ceiling=4)
-    assert worker.learned_limit == 4, "the engine ran 4 in recent reads: that is its concurrency"
+    assert worker.learned.limit == 4, "the engine ran 4 in recent reads: that is its concurrency"

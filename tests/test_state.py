@@ -12,10 +12,9 @@ import yaml
 
 from gateway.policy.loader import PolicyError, PolicyStore
 from gateway.policy.schema import StatePolicy
-from gateway.scheduling.capacity import ALONE, Share
 from gateway.state import SharedState
 from gateway.state import replicas as members
-from gateway.state.replicas import Replicas
+from gateway.state.replicas import ALONE, Replicas, Share
 from tests.conftest import REDIS_URL
 
 BEAT_S = 0.2

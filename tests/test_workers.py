@@ -20,11 +20,12 @@ import pytest
 import yaml
 
 from gateway.auth import hash_key
-from gateway.fleet.observe import Worker
 from gateway.policy.schema import Policy
-from gateway.scheduling.capacity import Share, worker_slots
+from gateway.scheduling.capacity import worker_slots
+from gateway.state.replicas import Share
 from loadtest import procs
 from tests.conftest import DEMO_KEY, Proc, patient, policy_dict, wait_for
+from tests.fakes import live_worker
 from workers.process import free_port
 
 MODEL = "sim-llama-8b"
@@ -115,12 +116,12 @@ def test_budgets_need_shared_counters_with_several_processes(tmp_path: Path) -> 
 def test_each_process_takes_its_share_of_a_workers_limit() -> None:
     snap = Policy.model_validate({"allow_empty": True, "pools": {"p": {"workers": ["http://w"]}}})
     spec, scheduling = snap.pools["p"], snap.scheduling
-    worker = Worker("http://w", "p", healthy=True, scraped_at=100.0, learned_limit=5)
+    worker = live_worker("http://w", scraped_at=100.0, limit=5)
     shares = [worker_slots(worker, spec, scheduling, 100.5, Share(i, 2)) for i in range(2)]
     assert shares == [3, 2] and sum(shares) == 5, "two processes never hand it more than it runs"
     assert worker_slots(worker, spec, scheduling, 100.5) == 5
     many = [worker_slots(worker, spec, scheduling, 100.5, Share(i, 7)) for i in range(7)]
     assert sum(many) == 5 and many.count(0) == 2, "more processes than slots: some send this worker nothing"
     assert worker_slots(worker, spec, scheduling, 100.5, Share(0, 2, ready=False)) == 0, "a newcomer waits"
-    worker.others_excess = 2  # another process still holds two beyond its (shrunk) part
+    worker.agreed.excess = 2  # another process still holds two beyond its (shrunk) part
     assert worker_slots(worker, spec, scheduling, 100.5, Share(1, 2)) == 0, "room left for the others to drain"

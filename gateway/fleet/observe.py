@@ -1,15 +1,15 @@
-"""Live state of each worker: health, cooldown, and load scraped from vLLM's /health and /metrics."""
+"""The observed part of each worker (gateway.fleet.worker): health, cooldown, and load from /health and /metrics."""
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import aiohttp
+
+from gateway.fleet.worker import Worker
 
 log = logging.getLogger("tollgate.workers")
 
@@ -23,42 +23,15 @@ _GAUGES = {
 }
 
 
-@dataclass(eq=False)
-class Worker:
-    url: str
-    pool: str
-    healthy: bool = False
-    cooldown_until: float = 0.0
-    inflight: int = 0
-    waiting: float = 0.0
-    kv_usage: float = 0.0
-    last_error: str | None = None
-    failed_checks: int = 0  # consecutive failed health checks
-    running: float = 0.0  # vLLM's running requests (scraped)
-    scraped_at: float = 0.0  # monotonic time of the last good metrics read
-    learned_limit: int = 0  # the concurrency learned from the worker's metrics (scheduling.saturation)
-    agreed_limit: int = 0  # the lowest any live gateway process learned (gateway.state.replicas); 0: none
-    others_excess: int = 0  # what other gateway processes hold here beyond their parts (gateway.state.replicas)
-    queued_reads: int = 0  # consecutive metrics reads with requests waiting in the engine
-    hold_reads: int = 0  # reads left before the learned limit may probe upwards again
-    limit_found: bool = False  # the engine has shown its limit (requests waiting) at least once
-    recent_running: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=8))
-
-    def available(self, now: float) -> bool:
-        return self.healthy and now >= self.cooldown_until
-
-    @property
-    def load(self) -> float:
-        """Gateway in-flight (fresh) + vLLM's waiting queue and KV usage (up to one scrape old)."""
-        return self.inflight + self.waiting + self.kv_usage
-
-    def fail(self, reason: str, cooldown_s: float) -> None:
-        """Leave the worker out of routing; the scraper re-admits it once it is healthy after the cooldown."""
-        if self.healthy:
-            log.warning("worker %s cooled down for %.1fs: %s", self.url, cooldown_s, reason)
-        self.healthy = False
-        self.cooldown_until = time.monotonic() + cooldown_s
-        self.last_error = reason
+def cool_down(worker: Worker, reason: str, cooldown_s: float) -> None:
+    """Leave the worker out of routing after a real request failed on it; the scraper re-admits it once it is
+    healthy after the cooldown."""
+    observed = worker.observed
+    if observed.healthy:
+        log.warning("worker %s cooled down for %.1fs: %s", worker.url, cooldown_s, reason)
+    observed.healthy = False
+    observed.cooldown_until = time.monotonic() + cooldown_s
+    observed.last_error = reason
 
 
 def parse_load(text: bytes) -> dict[str, float]:
@@ -97,22 +70,22 @@ async def scrape(worker: Worker, session: aiohttp.ClientSession, request_timeout
             text = await metrics.read()
             load = parse_load(text) if metrics.status == 200 else {}
     except (aiohttp.ClientError, TimeoutError, RuntimeError) as exc:
-        worker.failed_checks += 1
-        worker.last_error = describe(exc)
-        if worker.healthy and worker.failed_checks >= unhealthy_after:
-            log.warning("worker %s failed %d health checks in a row: %s", worker.url, worker.failed_checks,
-                        worker.last_error)
-            worker.healthy = False
+        worker.observed.failed_checks += 1
+        worker.observed.last_error = describe(exc)
+        if worker.observed.healthy and worker.observed.failed_checks >= unhealthy_after:
+            log.warning("worker %s failed %d health checks in a row: %s", worker.url, worker.observed.failed_checks,
+                        worker.observed.last_error)
+            worker.observed.healthy = False
         return
-    worker.failed_checks = 0
-    worker.running = load.get("running", 0.0)
-    worker.scraped_at = time.monotonic()
-    worker.waiting = load.get("waiting", 0.0)
-    worker.kv_usage = load.get("kv_usage", 0.0)
-    if not worker.healthy and time.monotonic() >= worker.cooldown_until:
+    worker.observed.failed_checks = 0
+    worker.observed.running = load.get("running", 0.0)
+    worker.observed.scraped_at = time.monotonic()
+    worker.observed.waiting = load.get("waiting", 0.0)
+    worker.observed.kv_usage = load.get("kv_usage", 0.0)
+    if not worker.observed.healthy and time.monotonic() >= worker.observed.cooldown_until:
         log.info("worker %s admitted", worker.url)
-        worker.healthy = True
-        worker.last_error = None
+        worker.observed.healthy = True
+        worker.observed.last_error = None
 
 
 async def scrape_forever(workers: list[Worker], session: aiohttp.ClientSession, request_timeout: aiohttp.ClientTimeout,

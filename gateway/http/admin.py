@@ -54,7 +54,8 @@ async def queues(request: Request) -> Response:
     """Per pool: requests started, drain rate, and per class the depth, oldest wait and depth by tenant."""
     require_admin(request)
     gw = gateway_of(request)
-    return json_response({"mode": gw.store.current.policy.scheduling.mode, "pools": gw.scheduler.snapshot()})
+    pools = gw.scheduler.snapshot(p.admission for p in gw.upstreams.pools.values())
+    return json_response({"mode": gw.store.current.policy.scheduling.mode, "pools": pools})
 
 
 async def anomalies(request: Request) -> Response:

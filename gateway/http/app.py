@@ -31,7 +31,7 @@ from gateway.ledger import open_ledger
 from gateway.openai_api import PATHS
 from gateway.policy.loader import PolicyStore
 from gateway.runtime import Gateway
-from gateway.scheduling.capacity import ALONE, Share
+from gateway.state.replicas import ALONE, Share
 
 log = logging.getLogger("tollgate.app")
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")

@@ -129,10 +129,11 @@ class Autoscaler:
             if rules is None or rules.spec != spec:
                 rules = self.rules[name] = ScaleRules(spec, rules.desired if rules else None,
                                                       rules.last_change if rules else None)
-            healthy = [w for w in pool.workers if w.healthy]
+            healthy = [w for w in pool.workers if w.observed.healthy]
             tier, p95, slo = self._worst_tier(name, buckets, policy)
-            signals = Signals(len(healthy), sum(w.kv_usage for w in healthy) / len(healthy) if healthy else 0.0,
-                              queued.get(name, 0) + sum(w.waiting for w in healthy), p95, slo, tier)
+            kv = sum(w.observed.kv_usage for w in healthy) / len(healthy) if healthy else 0.0
+            waiting = queued.get(name, 0) + sum(w.observed.waiting for w in healthy)
+            signals = Signals(len(healthy), kv, waiting, p95, slo, tier)
             decision = rules.decide(now, signals)
             self.metrics.scale_desired.labels(name).set(decision.desired)
             self.last[name] = {"current": signals.workers, "desired": decision.desired, "reason": decision.reason,

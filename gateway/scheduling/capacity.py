@@ -14,10 +14,9 @@ max_inflight_per_worker. It starts at START_LIMIT, not the ceiling.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from gateway.fleet.observe import Worker
+from gateway.fleet.worker import Worker
 from gateway.policy.schema import Pool, SchedulingPolicy
+from gateway.state.replicas import ALONE, Share
 
 # A worker's concurrency before anything is learned: start low and probe up (by a quarter a read while the
 # engine keeps up), rather than at the ceiling. Started at the ceiling, a burst of batch lines arriving first
@@ -30,27 +29,6 @@ START_LIMIT = 8
 HOLD_READS = 60
 
 
-@dataclass(frozen=True, slots=True)
-class Share:
-    """This process's part of every worker's limit: the ``index``-th of ``of`` gateway processes (on this host
-    under ``--workers N``, or every live process of every replica when they share Redis). ``ready`` is False
-    while a newcomer waits for the others to see it and shrink their parts first."""
-
-    index: int = 0
-    of: int = 1
-    ready: bool = True
-
-    def of_limit(self, limit: int) -> int:
-        """limit // of, the remainder to the lowest indexes: the parts add up to the limit, never more (a
-        process whose part is 0 sends that worker nothing)."""
-        if not self.ready:
-            return 0
-        if self.of == 1:
-            return limit
-        return limit // self.of + (1 if self.index < limit % self.of else 0)
-
-
-ALONE = Share()
 
 
 def learn(worker: Worker, ceiling: int, wanted: bool = False) -> None:
@@ -67,24 +45,25 @@ def learn(worker: Worker, ceiling: int, wanted: bool = False) -> None:
     ran in its last eight reads, not at this one: under churn (short requests finishing and new ones arriving
     between steps) a read often catches a slot in passing, and trusting it shrank the limit below what the
     engine runs (measured: premium shed while a batch of short lines drained)."""
-    current = worker.learned_limit or min(ceiling, START_LIMIT)
-    worker.recent_running.append(worker.running)
-    if worker.waiting > 0:
-        if worker.queued_reads:
-            current = max(1, int(max(worker.recent_running)))
-            worker.hold_reads = HOLD_READS
-            worker.limit_found = True
-        worker.queued_reads += 1
+    learned, observed = worker.learned, worker.observed
+    current = learned.limit or min(ceiling, START_LIMIT)
+    learned.recent_running.append(observed.running)
+    if observed.waiting > 0:
+        if learned.queued_reads:
+            current = max(1, int(max(learned.recent_running)))
+            learned.hold_reads = HOLD_READS
+            learned.limit_found = True
+        learned.queued_reads += 1
     else:
-        worker.queued_reads = 0
-        if worker.hold_reads:
-            worker.hold_reads -= 1
-        elif worker.running >= 0.9 * current or (wanted and not worker.limit_found
-                                                  and worker.running >= 0.9 * worker.inflight > 0):
+        learned.queued_reads = 0
+        if learned.hold_reads:
+            learned.hold_reads -= 1
+        elif observed.running >= 0.9 * current or (wanted and not learned.limit_found
+                                                   and observed.running >= 0.9 * worker.inflight > 0):
             # doubling until the engine first shows its limit (a burst on a fresh worker is not held back for
             # long), then a quarter at a time
-            current = current + (current if not worker.limit_found else max(1, current // 4))
-    worker.learned_limit = min(ceiling, current)
+            current = current + (current if not learned.limit_found else max(1, current // 4))
+    learned.limit = min(ceiling, current)
 
 
 def worker_slots(worker: Worker, spec: Pool, scheduling: SchedulingPolicy, now: float,
@@ -95,13 +74,14 @@ def worker_slots(worker: Worker, spec: Pool, scheduling: SchedulingPolicy, now: 
     more than it runs."""
     if not worker.available(now):
         return 0
-    if now - worker.scraped_at > scheduling.stale_after_s or worker.kv_usage >= scheduling.kv_saturation:
+    observed = worker.observed
+    if now - observed.scraped_at > scheduling.stale_after_s or observed.kv_usage >= scheduling.kv_saturation:
         return worker.inflight  # unknown, or nearly out of KV cache: nothing new until it reports room
     # A worker that queued requests at its last scrape has had its limit lowered to what it runs (learn());
     # from there the gateway's own in-flight count, fresher than any scrape, says when a slot is free.
-    limit = worker.learned_limit or min(spec.max_inflight_per_worker, START_LIMIT)
-    part = share.of_limit(min(limit, worker.agreed_limit) if worker.agreed_limit else limit)
-    return max(0, part - worker.others_excess)  # others still over their parts: leave it to them to drain
+    limit = worker.learned.limit or min(spec.max_inflight_per_worker, START_LIMIT)
+    part = share.of_limit(min(limit, worker.agreed.limit) if worker.agreed.limit else limit)
+    return max(0, part - worker.agreed.excess)  # others still over their parts: leave it to them to drain
 
 
 def capacity(workers: list[Worker], spec: Pool, scheduling: SchedulingPolicy, now: float,

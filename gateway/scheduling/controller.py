@@ -19,73 +19,23 @@ The clock is injectable, so the rules are unit-tested without sleeping.
 from __future__ import annotations
 
 import asyncio
-import collections
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 
 from gateway.context import RequestContext
 from gateway.errors import Shed, TenantBusy, Unavailable
-from gateway.fleet.observe import Worker
 from gateway.ops.metrics import GatewayMetrics
-from gateway.policy.schema import TIERS, Pool, SchedulingPolicy
-from gateway.scheduling.capacity import ALONE, Share, capacity, learn
-from gateway.scheduling.queues import ClassQueue, Waiter
+from gateway.policy.schema import TIERS, SchedulingPolicy
+from gateway.scheduling.capacity import capacity, learn
+from gateway.scheduling.queues import PoolState, Waiter, held_back
+from gateway.state.replicas import ALONE, Share
 
 BATCH_WAIT_S = 600.0
 _DEADLINE_MARGIN_S = 0.01
-ACTIVE_S = 60.0  # a tenant that asked this recently counts as using the pool
 # A class's longest queue wait, as a share of its TTFT p95 objective: the rest is left for prefill and the first
 # token (tens of milliseconds on these workers; the sources' scale-out bar is the same 80%).
 DEADLINE_SHARE = 0.8
-
-
-@dataclass
-class PoolState:
-    """One pool's queues and counts."""
-
-    name: str
-    workers: list[Worker]
-    spec: Pool
-    granted: int = 0  # admitted and not yet released
-    held: dict[str, int] = field(default_factory=dict)  # granted, by tenant
-    seen: dict[tuple[str, str], float] = field(default_factory=dict)  # (class, tenant) -> when it last asked
-    queues: dict[str, ClassQueue] = field(default_factory=lambda: {t: ClassQueue() for t in TIERS})
-    queued_bytes: int = 0
-    completions: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=256))
-
-    def take(self, tenant: str) -> None:
-        self.granted += 1
-        self.held[tenant] = self.held.get(tenant, 0) + 1
-
-    def give(self, tenant: str) -> None:
-        self.granted -= 1
-        left = self.held.get(tenant, 1) - 1
-        if left > 0:
-            self.held[tenant] = left
-        else:
-            self.held.pop(tenant, None)
-
-    def blocked_tenants(self, klass: str, total: int, scheduling: SchedulingPolicy, now: float) -> set[str]:
-        """Tenants of ``klass`` that may not take the next slot: those holding at least their fair share (the
-        capacity over the class's tenants active in the last minute) when taking it would leave fewer than
-        ``tenant_headroom`` of the slots free. So a flooding tenant always leaves room, and a quiet tenant's
-        request starts at once instead of waiting for a release. A lone tenant is never blocked."""
-        if not scheduling.tenant_headroom:
-            return set()
-        active = [tenant for (k, tenant), t in self.seen.items() if k == klass and now - t < ACTIVE_S]
-        if len(active) < 2 or total - self.granted - 1 >= _share(total, scheduling.tenant_headroom):
-            return set()
-        fair = total / len(active)
-        return {tenant for tenant in active if self.held.get(tenant, 0) >= fair}
-
-    def drain_rate(self, now: float, window: float = 10.0) -> float:
-        """Requests finished per second over the recent window (0 when unknown)."""
-        recent = [t for t in self.completions if now - t <= window]
-        if len(recent) < 2:
-            return 0.0
-        return len(recent) / max(now - recent[0], 1e-3)
 
 
 class Controller:
@@ -96,13 +46,11 @@ class Controller:
         self.metrics = metrics
         self.clock = clock
         self.share = share  # this process's part of each worker's limit; set by the runtime as processes come and go
-        self.pools: dict[str, PoolState] = {}
         self.tenant_inflight: dict[str, int] = {}
 
     # -- the pipeline's two calls -------------------------------------------------------------------------
 
-    async def admit(self, ctx: RequestContext, pool_name: str, workers: list[Worker], spec: Pool,
-                    cost: int, size: int) -> None:
+    async def admit(self, ctx: RequestContext, state: PoolState, cost: int, size: int) -> None:
         """Return when the request may go to a worker; raise Shed when it is turned away,
         TenantBusy when the tenant has its most in flight, Unavailable when no worker is healthy."""
         assert ctx.tenant is not None
@@ -111,20 +59,17 @@ class Controller:
         self._tenant_take(ctx, policy.server.tenant_max_concurrency)
         try:
             if policy.scheduling.mode == "fifo":
-                self._state(pool_name, workers, spec).take(ctx.tenant.name)
+                state.take(ctx.tenant.name)
             else:
-                await self._wait_turn(ctx, self._state(pool_name, workers, spec), policy.scheduling, cost, size)
+                await self._wait_turn(ctx, state, policy.scheduling, cost, size)
         except BaseException:
             self._tenant_give(ctx)
             raise
         ctx.timings.queue_wait = self.clock() - started
 
-    def release(self, ctx: RequestContext, pool_name: str) -> None:
+    def release(self, ctx: RequestContext, state: PoolState) -> None:
         """Once per admitted request, when its answer is done: frees its slot and grants what fits now."""
         self._tenant_give(ctx)
-        state = self.pools.get(pool_name)
-        if state is None:
-            return
         state.give(ctx.tenant.name if ctx.tenant else "")
         state.completions.append(self.clock())
         self.dispatch(state, ctx.snapshot.policy.scheduling)
@@ -193,12 +138,9 @@ class Controller:
             waiter.future.set_result(None)
         self._publish_depth(state)
 
-    def on_metrics(self, pool_name: str, scheduling: SchedulingPolicy) -> None:
+    def on_metrics(self, state: PoolState, scheduling: SchedulingPolicy) -> None:
         """Fresh metrics: learn each worker's concurrency from them, then grant what now fits (a worker's
         waiting queue may have emptied)."""
-        state = self.pools.get(pool_name)
-        if state is None:
-            return
         wanted = any(q.count for q in state.queues.values())
         for worker in state.workers:
             learn(worker, state.spec.max_inflight_per_worker, wanted)
@@ -215,12 +157,12 @@ class Controller:
             return False
         if klass == "premium":
             return free > 0
-        reserve = _share(total, scheduling.premium_reserve)
+        reserve = held_back(total, scheduling.premium_reserve)
         if klass == "standard":
             return free > reserve
         if state.queues["premium"].count or state.queues["standard"].count:
             return False
-        return free > max(reserve, _share(total, scheduling.batch_headroom))
+        return free > max(reserve, held_back(total, scheduling.batch_headroom))
 
     def _predicted_wait(self, state: PoolState, klass: str, now: float) -> float | None:
         """Seconds until a new request of ``klass`` would start: the work ahead of it at the drain rate."""
@@ -252,14 +194,6 @@ class Controller:
         self._publish_depth(state)
 
     # -- bookkeeping --------------------------------------------------------------------------------------
-
-    def _state(self, name: str, workers: list[Worker], spec: Pool) -> PoolState:
-        state = self.pools.get(name)
-        if state is None:
-            state = self.pools[name] = PoolState(name, workers, spec)
-        elif state.workers is not workers:  # the pool was replaced by a policy reload: queued requests stay
-            state.workers, state.spec = workers, spec
-        return state
 
     @staticmethod
     def _max_wait(ctx: RequestContext, klass: str) -> float:
@@ -301,19 +235,14 @@ class Controller:
             for klass in TIERS:
                 self.metrics.queue_depth.labels(state.name, klass).set(state.queues[klass].count)
 
-    def snapshot(self) -> dict[str, object]:
+    def snapshot(self, states: Iterable[PoolState]) -> dict[str, object]:
         """What GET /admin/queues shows."""
         now = self.clock()
-        return {name: {"granted": s.granted, "granted_by_tenant": dict(s.held),
+        return {s.name: {"granted": s.granted, "granted_by_tenant": dict(s.held),
                        "drain_rate_per_s": round(s.drain_rate(now), 2), "queued_bytes": s.queued_bytes,
-                       "learned_limits": {w.url: w.learned_limit for w in s.workers},
-                       "agreed_limits": {w.url: w.agreed_limit for w in s.workers if w.agreed_limit},
+                       "learned_limits": {w.url: w.learned.limit for w in s.workers},
+                       "agreed_limits": {w.url: w.agreed.limit for w in s.workers if w.agreed.limit},
                        "share": {"index": self.share.index, "of": self.share.of, "ready": self.share.ready},
                        "classes": {k: {"depth": q.count, "oldest_wait_s": round(q.oldest_wait(now), 3),
                                        "by_tenant": q.depth_by_tenant()} for k, q in s.queues.items()}}
-                for name, s in self.pools.items()}
-
-
-def _share(total: int, fraction: float) -> int:
-    """Slots held back for a higher class: a share of the capacity, never all of it."""
-    return min(math.ceil(total * fraction), max(0, total - 1))
+                for s in states}

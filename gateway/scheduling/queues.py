@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 from dataclasses import dataclass, field
 
 from gateway.context import RequestContext
+from gateway.fleet.worker import Worker
+from gateway.policy.schema import TIERS, Pool, SchedulingPolicy
+
+ACTIVE_S = 60.0  # a tenant that asked this recently counts as using the pool
 
 
 @dataclass(eq=False, slots=True)
@@ -84,3 +89,57 @@ class ClassQueue:
 
     def depth_by_tenant(self) -> dict[str, int]:
         return {tenant: len(fifo) for tenant, fifo in self.tenants.items()}
+
+
+@dataclass
+class PoolState:
+    """One pool's queues and counts: created with its pool (gateway.upstream.pools) and handed to the pool
+    that replaces it on a policy reload, so queued and admitted requests stay counted; only the controller
+    changes it."""
+
+    name: str
+    workers: list[Worker]
+    spec: Pool
+    granted: int = 0  # admitted and not yet released
+    held: dict[str, int] = field(default_factory=dict)  # granted, by tenant
+    seen: dict[tuple[str, str], float] = field(default_factory=dict)  # (class, tenant) -> when it last asked
+    queues: dict[str, ClassQueue] = field(default_factory=lambda: {t: ClassQueue() for t in TIERS})
+    queued_bytes: int = 0
+    completions: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=256))
+
+    def take(self, tenant: str) -> None:
+        self.granted += 1
+        self.held[tenant] = self.held.get(tenant, 0) + 1
+
+    def give(self, tenant: str) -> None:
+        self.granted -= 1
+        left = self.held.get(tenant, 1) - 1
+        if left > 0:
+            self.held[tenant] = left
+        else:
+            self.held.pop(tenant, None)
+
+    def blocked_tenants(self, klass: str, total: int, scheduling: SchedulingPolicy, now: float) -> set[str]:
+        """Tenants of ``klass`` that may not take the next slot: those holding at least their fair share (the
+        capacity over the class's tenants active in the last minute) when taking it would leave fewer than
+        ``tenant_headroom`` of the slots free. So a flooding tenant always leaves room, and a quiet tenant's
+        request starts at once instead of waiting for a release. A lone tenant is never blocked."""
+        if not scheduling.tenant_headroom:
+            return set()
+        active = [tenant for (k, tenant), t in self.seen.items() if k == klass and now - t < ACTIVE_S]
+        if len(active) < 2 or total - self.granted - 1 >= held_back(total, scheduling.tenant_headroom):
+            return set()
+        fair = total / len(active)
+        return {tenant for tenant in active if self.held.get(tenant, 0) >= fair}
+
+    def drain_rate(self, now: float, window: float = 10.0) -> float:
+        """Requests finished per second over the recent window (0 when unknown)."""
+        recent = [t for t in self.completions if now - t <= window]
+        if len(recent) < 2:
+            return 0.0
+        return len(recent) / max(now - recent[0], 1e-3)
+
+
+def held_back(total: int, fraction: float) -> int:
+    """Slots held back for a higher class: a share of the capacity, never all of it."""
+    return min(math.ceil(total * fraction), max(0, total - 1))

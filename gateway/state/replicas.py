@@ -1,6 +1,6 @@
 """The live gateway processes sharing one Redis, and this one's place among them (its ``Share``).
 
-Design (issue 12): a worker's limit is split between the processes rather than counted in Redis per request.
+Why split: a worker's limit is split between the processes rather than counted in Redis per request.
 Counting would add a Redis round trip to every admission and every release (and a leaked count for each
 request a killed process held); the split costs nothing per request and never lets the processes together
 hand a worker more than its limit. What it costs: a process's unused part is not lent to another, so with
@@ -33,16 +33,41 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import orjson
 
-from gateway.scheduling.capacity import Share
+from gateway.fleet.worker import Worker
 
 if TYPE_CHECKING:
     from gateway.state import SharedState
 
 log = logging.getLogger("tollgate.state")
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """This process's part of every worker's limit: the ``index``-th of ``of`` gateway processes (on this host
+    under ``--workers N``, or every live process of every replica when they share Redis). ``ready`` is False
+    while a newcomer waits for the others to see it and shrink their parts first."""
+
+    index: int = 0
+    of: int = 1
+    ready: bool = True
+
+    def of_limit(self, limit: int) -> int:
+        """limit // of, the remainder to the lowest indexes: the parts add up to the limit, never more (a
+        process whose part is 0 sends that worker nothing)."""
+        if not self.ready:
+            return 0
+        if self.of == 1:
+            return limit
+        return limit // self.of + (1 if self.index < limit % self.of else 0)
+
+
+ALONE = Share()
 
 # Announce with this process's learned limits, drop the silent, return the live and their limits: one step,
 # timed by Redis's clock (hosts' clocks may disagree).
@@ -135,6 +160,12 @@ class Replicas:
         young = now - self._joined < 2 * self.beat_s and len(self.live) > 1
         self.share = Share(self.live.index(self.id), len(self.live), ready=not young)
         return self.share
+
+    def agree(self, workers: Iterable[Worker]) -> None:
+        """Write what the live processes agreed into each worker's ``agreed`` part (its one writer)."""
+        for worker in workers:
+            worker.agreed.limit = self.agreed.get(worker.url, 0)
+            worker.agreed.excess = self.excess.get(worker.url, 0)
 
     async def leave(self) -> None:
         """On a clean stop: the others take this part at their next heartbeat instead of after 3 silent ones."""

@@ -16,7 +16,8 @@ import aiohttp
 
 from gateway.context import RequestContext
 from gateway.errors import Unavailable
-from gateway.fleet.observe import Worker
+from gateway.fleet.observe import cool_down
+from gateway.fleet.worker import Worker
 from gateway.upstream.errors import COOLDOWN_STATUS, RETRYABLE_STATUS, UpstreamFailed, worker_errors
 from gateway.upstream.pools import UpstreamPool
 from gateway.upstream.routing import pick
@@ -78,7 +79,7 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str,
             if status in RETRYABLE_STATUS and attempt == 0 and pick(pool.workers, exclude) is not None:
                 response.close()
                 if status in COOLDOWN_STATUS:
-                    worker.fail(f"HTTP {status}", pool.spec.cooldown_s)
+                    cool_down(worker, f"HTTP {status}", pool.spec.cooldown_s)
                 continue
             try:
                 yield worker, response

@@ -12,7 +12,8 @@ from types import TracebackType
 import aiohttp
 
 from gateway.errors import UpstreamFailed
-from gateway.fleet.observe import Worker, describe
+from gateway.fleet.observe import cool_down, describe
+from gateway.fleet.worker import Worker
 
 TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
 RETRYABLE_STATUS = frozenset({500, 502, 503, 504})  # retried on another worker before the first byte
@@ -35,7 +36,7 @@ class worker_errors:
                  tb: TracebackType | None) -> None:
         if exc is not None and isinstance(exc, TRANSPORT_ERRORS):
             reason = describe(exc)
-            self.worker.fail(reason, self.cooldown_s)
+            cool_down(self.worker, reason, self.cooldown_s)
             # connected, but the head never came: the worker failed before answering, it was not unreachable
             phase = "head" if self.phase == "connect" and isinstance(exc, aiohttp.SocketTimeoutError) else self.phase
             raise UpstreamFailed(phase, reason) from None

@@ -15,9 +15,11 @@ from types import TracebackType
 
 import aiohttp
 
-from gateway.fleet.observe import Worker, scrape, scrape_forever
+from gateway.fleet.observe import scrape, scrape_forever
+from gateway.fleet.worker import Worker
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import Pool
+from gateway.scheduling.queues import PoolState
 
 
 def session(spec: Pool, traces: list[aiohttp.TraceConfig] | None = None) -> aiohttp.ClientSession:
@@ -54,6 +56,7 @@ class UpstreamPool:
         self.spec = spec
         self.metrics = metrics
         self.workers = [Worker(str(url).rstrip("/"), name) for url in spec.workers]
+        self.admission = PoolState(name, self.workers, spec)  # its queues and counts (gateway.scheduling)
         # connect: pool wait + TCP connect; sock_read: the longest silence between upstream bytes
         self.timeout = aiohttp.ClientTimeout(total=None, connect=spec.connect_timeout_s,
                                              sock_read=spec.read_timeout_s)
@@ -98,8 +101,8 @@ class UpstreamPool:
             labels = (self.name, w.url)
             self.metrics.worker_up.labels(*labels).set(1 if w.available(now) else 0)
             self.metrics.worker_inflight.labels(*labels).set(w.inflight)
-            self.metrics.worker_waiting.labels(*labels).set(w.waiting)
-            self.metrics.worker_kv.labels(*labels).set(w.kv_usage)
+            self.metrics.worker_waiting.labels(*labels).set(w.observed.waiting)
+            self.metrics.worker_kv.labels(*labels).set(w.observed.kv_usage)
 
     @property
     def inflight(self) -> int:
@@ -135,6 +138,9 @@ class Upstreams:
             if current is not None and current.spec == spec:
                 continue
             pool = UpstreamPool(name, spec, self.metrics, self._traces, self._on_metrics)
+            if current is not None:  # queued and admitted requests stay counted, now against the new workers
+                pool.admission = current.admission
+                pool.admission.workers, pool.admission.spec = pool.workers, spec
             started.append(pool.start())
             self.pools[name] = pool
             if current is not None:

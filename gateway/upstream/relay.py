@@ -21,7 +21,8 @@ import orjson
 from gateway import sse
 from gateway.context import RequestContext
 from gateway.errors import WorkerRejected
-from gateway.fleet.observe import Worker
+from gateway.fleet.observe import cool_down
+from gateway.fleet.worker import Worker
 from gateway.openai_api import LARGE_BODY
 from gateway.sink import Sink
 from gateway.upstream.errors import COOLDOWN_STATUS, UpstreamFailed, worker_errors
@@ -202,7 +203,7 @@ async def relay_body(ctx: RequestContext, worker: Worker, response: aiohttp.Clie
     status = response.status
     if status >= 500:
         if status in COOLDOWN_STATUS:
-            worker.fail(f"HTTP {status}", cooldown_s)
+            cool_down(worker, f"HTTP {status}", cooldown_s)
         raise UpstreamFailed("head", f"HTTP {status}")
     if status >= 400:
         raise WorkerRejected(_worker_complaint(body), status)

@@ -6,7 +6,7 @@ import itertools
 import time
 from collections.abc import Collection, Sequence
 
-from gateway.fleet.observe import Worker
+from gateway.fleet.worker import Worker
 
 _rotation = itertools.count()
 
