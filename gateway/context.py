@@ -51,15 +51,15 @@ class RequestContext:
     snapshot: PolicySnapshot
     endpoint: str  # chat | completions
     timings: Timings = field(default_factory=Timings)
-    tenant: TenantView | None = None  # the edge (auth)
-    key_id: str | None = None  # the edge (auth): a short id of the key's hash, never the key
+    tenant: TenantView | None = None  # http.app (auth), or batches.runner for a line
+    key_id: str | None = None  # http.app (auth): a short id of the key's hash, never the key
     model: str | None = None  # openai_api.prepare: only a model the policy routes
     stream: bool = False  # openai_api.prepare
     batch: str | None = None  # batches.runner: the batch this request is a line of
-    # pipeline.run: the tenant's tier, or a lower class the request asked for; spend.service may lower it to
-    # batch (the cost-anomaly action "downgrade"), before the scheduler reads it
-    service_class: str = "standard"
-    max_tokens_applied: str | None = None  # openai_api.prepare
+    # pipeline.run: the tenant's tier, or a lower class the request asked for; then what spend.admit returns
+    # (batch, for the cost-anomaly action "downgrade"), before the scheduler reads it
+    service_class: str = "standard"  # pipeline (as above)
+    max_tokens_applied: str | None = None  # openai_api: prepare, or clamp_output (the anomaly clamp)
     cache: str | None = None  # cache.decision.decide: hit-exact | hit-semantic | miss | bypass
     cache_similarity: float | None = None  # cache.decision.decide
     worker: str | None = None  # upstream.dispatch
@@ -68,11 +68,11 @@ class RequestContext:
     completion_tokens: int | None = None  # pipeline.run
     cached_tokens: int | None = None  # pipeline.run: prompt tokens the worker's prefix cache served
     usage_estimated: bool = False  # pipeline.run: the worker took it but sent no usage; tokens are estimates
-    reservation: object | None = None  # spend.service.Spend.admit: the budget reservation to settle
+    reservation: object | None = None  # spend.service (Spend.admit): the budget reservation to settle
     cost_usd: float = 0.0  # accounting.finish
     price_version: str | None = None  # accounting.finish
-    error: str | None = None  # pipeline.fail
-    status: int = 0  # the edge: the status the client got (499 if it left before any)
+    error: str | None = None  # pipeline.fail: the outcome's code
+    status: int = 0  # pipeline.Lifecycle: the status the client got (499 if it left, or got none)
 
     @property
     def label(self) -> str:

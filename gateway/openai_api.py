@@ -151,18 +151,13 @@ class Call:
     wants_continuous_usage: bool  # ... and for usage on every chunk (vLLM's continuous_usage_stats)
     engine_priority: bool  # the pool's workers run --scheduling-policy priority
     size: int  # bytes as received
+    max_output: int  # the output tokens it may use (max_tokens or max_completion_tokens), read once in prepare
+    max_output_field: str  # which of the two the body carries
 
     @property
     def prompt_estimate(self) -> int:
         """Prompt tokens, over-estimated from the body's size (4 bytes a token; JSON adds more than it saves)."""
         return self.size // 4
-
-    @property
-    def max_output(self) -> int:
-        return int(self.body.get("max_completion_tokens") or self.body.get("max_tokens") or 0)
-
-    def set_max_output(self, tokens: int) -> None:
-        self.body["max_completion_tokens" if "max_completion_tokens" in self.body else "max_tokens"] = tokens
 
     @property
     def cost(self) -> int:
@@ -196,7 +191,17 @@ async def prepare(ctx: RequestContext, raw: bytes) -> Call:
         # the ledger needs the usage, and on every chunk, so that a stream cut anywhere is still counted exactly
         body["stream_options"] = {**options, "include_usage": True, "continuous_usage_stats": True}
     pool = ctx.snapshot.policy.pools.get(route.pool)
-    return Call(body, route, wants_usage, wants_continuous, pool is not None and pool.engine_priority, len(raw))
+    field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    return Call(body, route, wants_usage, wants_continuous, pool is not None and pool.engine_priority, len(raw),
+                int(body[field]), field)
+
+
+def clamp_output(ctx: RequestContext, call: Call, tokens: int, why: str) -> None:
+    """Lower a prepared request's output tokens (the cost-anomaly clamp): in the body the worker gets, in the
+    Call, and in the header that tells the client why."""
+    call.body[call.max_output_field] = tokens
+    call.max_output = tokens
+    ctx.max_tokens_applied = f"{why}; value={tokens}"
 
 
 ENGINE_PRIORITY = {"premium": 0, "standard": 1, "batch": 2}  # vLLM's priority: lower runs first

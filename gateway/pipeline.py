@@ -83,7 +83,7 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
         assert decision.lookup is not None
         await serve_hit(ctx, decision.lookup, sink, call.wants_usage)
         return
-    await gw.spend.admit(ctx, call)  # may clamp, downgrade or refuse; reserves against the budget
+    ctx.service_class = await gw.spend.admit(ctx, call)  # may clamp, downgrade or refuse; reserves the worst case
     pool = gw.upstreams.pools.get(call.route.pool)
     if pool is None:
         raise Unavailable(f"No worker pool serves the model '{ctx.model}' right now.", "upstream_unavailable")

@@ -24,7 +24,7 @@ from gateway.errors import InvalidRequest, OverBudget
 from gateway.ledger import prices as pricing
 from gateway.ledger import times
 from gateway.ledger.stores import OPEN_END, LedgerStore
-from gateway.openai_api import Call
+from gateway.openai_api import Call, clamp_output
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.loader import TenantView
 from gateway.policy.schema import Budget
@@ -63,32 +63,36 @@ class Spend:
         self._alerted: set[str] = set()  # period keys whose soft alert went out (this replica)
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def admit(self, ctx: RequestContext, call: Call) -> None:
+    async def admit(self, ctx: RequestContext, call: Call) -> str:
+        """Apply the anomaly rule and reserve the worst case; returns the class the request runs in (its own,
+        or batch when the rule downgrades it)."""
         tenant = ctx.tenant
         assert tenant is not None and ctx.model is not None
         prices = ctx.snapshot.policy.prices
         now = time.time()
         version = pricing.version_on(prices, ctx.model, datetime.fromtimestamp(now, UTC).date())
         if version is None:
-            return  # an unpriced model: nothing to budget or compare
+            return ctx.service_class  # an unpriced model: nothing to budget or compare
+        klass = ctx.service_class
 
         def worst() -> float:
             usage = pricing.Usage(call.prompt_estimate, call.max_output)
-            return pricing.cost(prices, version, usage, ctx.service_class, ctx.batch is not None, False)
+            return pricing.cost(prices, version, usage, klass, ctx.batch is not None, False)
 
         worst_usd = worst()
         rule = tenant.anomaly
         baseline = self.baselines.baseline(tenant.name, rule)
         if worst_usd > rule.k * baseline:
-            self._anomaly(ctx, call, worst_usd, baseline, version)
+            klass = self._anomaly(ctx, call, worst_usd, baseline, version)
             worst_usd = worst()
         else:
             self.baselines.observe(tenant.name, worst_usd)
         if tenant.budget is not None:
             await self._reserve(ctx, tenant, tenant.budget, worst_usd, now)
+        return klass
 
     def _anomaly(self, ctx: RequestContext, call: Call, worst_usd: float, baseline: float,
-                 version: Any) -> None:
+                 version: Any) -> str:
         tenant = ctx.tenant
         assert tenant is not None
         rule = tenant.anomaly
@@ -103,12 +107,10 @@ class Spend:
         if rule.action == "clamp":
             fitted = _fit_max_tokens(ctx, call, rule.k * baseline, version)
             if fitted is not None:
-                call.set_max_output(fitted)
-                ctx.max_tokens_applied = f"clamped-anomaly; value={fitted}"
+                clamp_output(ctx, call, fitted, "clamped-anomaly")
                 details["max_tokens"] = fitted
-        elif rule.action == "downgrade":
-            ctx.service_class = "batch"
         self.alerts.raise_alert("request_cost", rule.action, webhook, **details)
+        return "batch" if rule.action == "downgrade" else ctx.service_class
 
     async def _reserve(self, ctx: RequestContext, tenant: TenantView, budget: Budget, worst_usd: float,
                        now: float) -> None:

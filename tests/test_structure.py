@@ -1,0 +1,116 @@
+"""Who writes what: each field of a request's context, and each part of a worker, has one writing module.
+
+Read from the source (assignments and augmented assignments to ``ctx.<field>``, ``<x>.observed.<field>``,
+...), so a second writer fails here before it confuses a reader. ``gateway/context.py`` names each field's
+writer beside it; the table below must agree with it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GATEWAY = ROOT / "gateway"
+
+# RequestContext field -> the one module that writes it (after construction)
+CONTEXT_WRITERS = {
+    "tenant": "gateway/http/app.py", "key_id": "gateway/http/app.py", "status": "gateway/pipeline.py",
+    "model": "gateway/openai_api.py", "stream": "gateway/openai_api.py",
+    "max_tokens_applied": "gateway/openai_api.py",
+    "batch": "gateway/batches/runner.py",
+    "service_class": "gateway/pipeline.py",
+    "cache": "gateway/cache/decision.py", "cache_similarity": "gateway/cache/decision.py",
+    "worker": "gateway/upstream/dispatch.py", "attempts": "gateway/upstream/dispatch.py",
+    "prompt_tokens": "gateway/pipeline.py", "completion_tokens": "gateway/pipeline.py",
+    "cached_tokens": "gateway/pipeline.py", "usage_estimated": "gateway/pipeline.py",
+    "reservation": "gateway/spend/service.py",
+    "cost_usd": "gateway/accounting.py", "price_version": "gateway/accounting.py",
+    "error": "gateway/pipeline.py",
+}
+TIMING_WRITERS = {
+    "queue_wait": "gateway/scheduling/controller.py", "cache": "gateway/cache/decision.py",
+    "upstream_connect": "gateway/upstream/dispatch.py", "tpot": "gateway/pipeline.py",
+    "total": "gateway/accounting.py", "ttft": "gateway/context.py",
+}
+# Worker part -> the one module that writes into it
+WORKER_PART_WRITERS = {
+    "observed": "gateway/fleet/observe.py", "learned": "gateway/scheduling/capacity.py",
+    "agreed": "gateway/state/replicas.py",
+}
+# the batch runner builds a context for each line as the HTTP edge does for a request
+ALSO = {("tenant", "gateway/batches/runner.py")}
+
+
+def targets(tree: ast.AST) -> list[ast.expr]:
+    found: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                found.extend(target.elts if isinstance(target, ast.Tuple) else [target])
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign) and node.value is not None:
+            found.append(node.target)
+    return found
+
+
+def writes() -> list[tuple[str, str, str]]:
+    """(module path, what kind of field, field) for every attribute assignment in the gateway."""
+    out = []
+    for path in sorted(GATEWAY.rglob("*.py")):
+        module = str(path.relative_to(ROOT))
+        for target in targets(ast.parse(path.read_text())):
+            if not isinstance(target, ast.Attribute):
+                continue
+            owner = target.value
+            owner_name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) \
+                else ""
+            if owner_name == "ctx":
+                out.append((module, "context", target.attr))
+            elif owner_name == "timings" or (owner_name == "t" and target.attr in TIMING_WRITERS):
+                out.append((module, "timings", target.attr))
+            elif owner_name in WORKER_PART_WRITERS:
+                out.append((module, owner_name, target.attr))
+            elif (target.attr == "inflight" and owner_name in ("worker", "w", "self.worker")) or (isinstance(owner, ast.Attribute) and owner.attr == "worker" and target.attr == "inflight"):
+                out.append((module, "leased", "inflight"))
+    return out
+
+
+def test_each_context_field_has_one_writer() -> None:
+    wrong = [f"{module} writes ctx.{name} (its writer is {CONTEXT_WRITERS.get(name)})"
+             for module, kind, name in writes() if kind == "context"
+             if CONTEXT_WRITERS.get(name) != module and (name, module) not in ALSO]
+    assert wrong == []
+
+
+def test_each_timing_has_one_writer() -> None:
+    wrong = [f"{module} writes timings.{name}" for module, kind, name in writes()
+             if kind == "timings" and TIMING_WRITERS.get(name) != module]
+    assert wrong == []
+
+
+def test_each_part_of_a_worker_has_one_writer() -> None:
+    wrong = [f"{module} writes worker.{kind}.{name}" for module, kind, name in writes()
+             if kind in WORKER_PART_WRITERS and WORKER_PART_WRITERS[kind] != module]
+    wrong += [f"{module} writes worker.inflight" for module, kind, _ in writes()
+              if kind == "leased" and module != "gateway/upstream/pools.py"]
+    assert wrong == []
+
+
+def test_the_context_names_the_same_writers() -> None:
+    """context.py's comment beside each field names the module of the table above."""
+    source = (GATEWAY / "context.py").read_text()
+    missing = []
+    for name, module in CONTEXT_WRITERS.items():
+        dotted = module.removeprefix("gateway/").removesuffix(".py").replace("/", ".")
+        line = next((line for line in source.splitlines() if line.strip().startswith(f"{name}:")), "")
+        if dotted not in line:
+            missing.append(f"{name}: {dotted}")
+    assert missing == []
+
+
+def test_the_checks_see_a_second_writer() -> None:
+    """Positive control: a module that writes a field it does not own is caught."""
+    tree = ast.parse("ctx.model = 'x'\nworker.observed.healthy = True\nctx.timings.tpot = 1.0\n")
+    kinds = {(t.value.id if isinstance(t.value, ast.Name) else t.value.attr, t.attr) for t in targets(tree)
+             if isinstance(t, ast.Attribute)}
+    assert kinds == {("ctx", "model"), ("observed", "healthy"), ("timings", "tpot")}
