@@ -70,7 +70,7 @@ def writes() -> list[tuple[str, str, str]]:
                 out.append((module, "timings", target.attr))
             elif owner_name in WORKER_PART_WRITERS:
                 out.append((module, owner_name, target.attr))
-            elif (target.attr == "inflight" and owner_name in ("worker", "w", "self.worker")) or (isinstance(owner, ast.Attribute) and owner.attr == "worker" and target.attr == "inflight"):
+            elif target.attr == "inflight" and owner_name in ("worker", "w"):
                 out.append((module, "leased", "inflight"))
     return out
 
