@@ -89,7 +89,7 @@ def test_unbuffered_first_token(gateway: Proc) -> None:
 
 
 def test_premium_goes_ahead_of_queued_batch_work(vllm_server: Any, start_gateway: Callable[..., Proc]) -> None:
-    """Issue 10, scaled down to one CPU engine: batch lines queue in the gateway; premium does not wait for them.
+    """Priority queues, scaled down to one CPU engine: batch lines queue in the gateway; premium does not wait for them.
 
     The engine shares two cores with the rest of the suite, so its /health can answer slowly: this gateway
     scrapes every second (a 2 s timeout) and needs five failed checks in a row to drop it, so a slow answer

@@ -1,4 +1,4 @@
-"""Hostile input, slow clients and worker faults (issue 9): one test per finding, over real loopback HTTP.
+"""Hostile input, slow clients and worker faults: one test per finding, over real loopback HTTP.
 
 Each test names the finding it covers; each failed on the main branch before the hardening work.
 """
@@ -226,7 +226,7 @@ def test_tenant_concurrency_cap_answers_429_with_retry_after(start_sim: Starter,
 
 
 def test_a_queued_client_that_leaves_sends_nothing_upstream(start_sim: Starter, start_gateway: Starter) -> None:
-    """Issue 10: the queue is the gateway's; a client that gives up while queued is gone from it at once."""
+    """The queue is the gateway's; a client that gives up while queued is gone from it at once."""
     sim = start_sim("--decode-base-ms", "40")
     policy = strict_policy([sim.url])
     policy["pools"]["main"]["max_inflight_per_worker"] = 1

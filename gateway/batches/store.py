@@ -43,7 +43,6 @@ T = TypeVar("T")
 # Statuses, as the OpenAI batch object names them. ACTIVE ones are driven by the runner (and resumed after a
 # restart); the rest are final.
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
-FINAL = ("failed", "completed", "expired", "cancelled")
 STAMPS = {"in_progress": "in_progress_at", "finalizing": "finalizing_at", "completed": "completed_at",
           "failed": "failed_at", "expired": "expired_at", "cancelling": "cancelling_at",
           "cancelled": "cancelled_at"}

@@ -32,16 +32,14 @@ class LedgerWriter:
         self.spool = spool
         self.flush_interval_s = flush_interval_s
         self.store_ok = True
-        self.written = 0  # records in the store, from this process
-        self.spooled = 0  # records that went to the spool
         self._pending: collections.deque[Draft] = collections.deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._retry_at = 0.0
 
     def append(self, draft: Draft) -> None:
-        """From the event loop: no I/O, no lock (deque appends are atomic). Pricing and formatting happen on
-        the writer's thread."""
+        """From the event loop: no I/O, no lock (deque appends are atomic). The record comes priced (by
+        accounting.finish, on the loop); only its time is formatted on the writer's thread."""
         self._pending.append(draft)
 
     def start(self) -> None:
@@ -66,7 +64,6 @@ class LedgerWriter:
         if self.store_ok or (time.monotonic() >= self._retry_at and not self.spool.exists()):
             try:
                 self.store.insert(batch)
-                self.written += len(batch)
                 self.store_ok = True
                 return
             except Exception as exc:
@@ -91,7 +88,6 @@ class LedgerWriter:
             f.write(b"".join(orjson.dumps(record) + b"\n" for record in batch))
             f.flush()
             os.fsync(f.fileno())
-        self.spooled += len(batch)
 
     def _replay(self) -> None:
         records = []
@@ -109,6 +105,5 @@ class LedgerWriter:
             log.warning("ledger store still failing (%s); %d records stay spooled", exc, len(records))
             return
         self.spool.unlink()
-        self.written += len(records)
         self.store_ok = True
         log.info("ledger: replayed %d spooled records", len(records))

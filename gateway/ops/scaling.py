@@ -15,8 +15,7 @@ time passed in, so a recorded trace can be replayed through it (tests/test_scali
 from __future__ import annotations
 
 import collections
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import Autoscaling, Policy
@@ -80,29 +79,6 @@ class ScaleRules:
         self.desired = desired
         self.last_change = now
         return Decision(desired, reason)
-
-
-@dataclass(slots=True)
-class TtftWindow:
-    """TTFT samples of the last ``window_s`` seconds, for a p95 (bounded: at most ``cap`` samples)."""
-
-    window_s: float = 60.0
-    cap: int = 20_000
-    samples: collections.deque[tuple[float, float]] = field(default_factory=collections.deque)
-
-    def add(self, ttft_s: float, now: float | None = None) -> None:
-        self.samples.append((time.monotonic() if now is None else now, ttft_s))
-        if len(self.samples) > self.cap:
-            self.samples.popleft()
-
-    def p95(self, now: float | None = None, min_samples: int = 20) -> float | None:
-        now = time.monotonic() if now is None else now
-        while self.samples and self.samples[0][0] < now - self.window_s:
-            self.samples.popleft()
-        if len(self.samples) < min_samples:
-            return None
-        ordered = sorted(value for _, value in self.samples)
-        return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
 
 
 class Autoscaler:

@@ -23,12 +23,14 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class SLO(Strict):
-    """Per-tier objectives; the load tests score goodput against them and scaling rules read them."""
+DEFAULT_TTFT_P95_MS = 800.0  # the sources' premium objective
 
-    ttft_p95_ms: float = Field(800, gt=0)
-    total_p95_ms: float = Field(8000, gt=0)
-    error_rate: float = Field(0.005, ge=0, le=1)
+
+class SLO(Strict):
+    """A tier's objective: its queue deadline (a share of it) and the scale-out rule read it. The total-latency
+    and error-rate objectives are Prometheus's to watch (deploy/prometheus/alerts.yml), not the gateway's."""
+
+    ttft_p95_ms: float = Field(DEFAULT_TTFT_P95_MS, gt=0)
 
 
 class AnomalyRule(Strict):

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from gateway.context import RequestContext
 from gateway.errors import Shed, TenantBusy, Unavailable
 from gateway.ops.metrics import GatewayMetrics
-from gateway.policy.schema import TIERS, SchedulingPolicy
+from gateway.policy.schema import DEFAULT_TTFT_P95_MS, TIERS, SchedulingPolicy
 from gateway.scheduling.capacity import capacity, learn
 from gateway.scheduling.queues import PoolState, Waiter, held_back
 from gateway.state.replicas import ALONE, Share
@@ -204,7 +204,7 @@ class Controller:
         if klass == "batch":
             return BATCH_WAIT_S
         tier = policy.tiers.get(klass)  # type: ignore[call-overload]
-        return (tier.slo.ttft_p95_ms if tier else 800.0) * DEADLINE_SHARE / 1000
+        return (tier.slo.ttft_p95_ms if tier else DEFAULT_TTFT_P95_MS) * DEADLINE_SHARE / 1000
 
     def _tenant_take(self, ctx: RequestContext, cap: int) -> None:
         assert ctx.tenant is not None

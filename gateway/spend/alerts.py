@@ -28,7 +28,6 @@ class Alerts:
         self.metrics = metrics
         self.path = path
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=KEEP)
-        self.delivered = 0
         self._queue: asyncio.Queue[tuple[dict[str, Any], str | None]] = asyncio.Queue(maxsize=10_000)
         if path is not None and path.exists():
             for line in path.read_bytes().splitlines()[-KEEP:]:
@@ -63,7 +62,6 @@ class Alerts:
             try:
                 response = await client.post(url, json={"source": "tollgate", "alert": alert})
                 if response.status_code < 500:
-                    self.delivered += 1
                     return
             except httpx.HTTPError as exc:
                 log.warning("webhook %s failed: %s", url, exc)

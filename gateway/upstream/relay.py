@@ -37,13 +37,11 @@ _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache
 class Relayed:
     """What the relay learnt, kept by the caller so that a cut answer still says what it delivered: the worker's
     usage (the latest one, on every chunk when continuous usage is on), whether the answer ended normally, how
-    many token events were relayed, when tokens arrived, whether the final usage event came, and (if asked) the
-    answer's bytes."""
+    many token events were relayed, when tokens arrived, and (if asked) the answer's bytes."""
 
     parsed_usage: dict[str, Any] | None = None
     usage_raw: bytes | None = None  # the latest chunk's usage object, parsed only when asked for (``usage``)
     answered: bool = False  # the worker's answer ended normally (a whole body, or a stream to its end)
-    final_usage: bool = False
     events: int = 0
     first_at: float | None = None
     last_at: float | None = None
@@ -127,7 +125,6 @@ class _UsageTap:
             if value != b"null":
                 relayed.usage_raw = value
             if b'"choices":[]' in event:  # the final usage-only event
-                relayed.final_usage = True
                 if self.keep_final:
                     kept.append(event + b"\n\n")
                 continue
@@ -214,7 +211,6 @@ async def relay_body(ctx: RequestContext, worker: Worker, response: aiohttp.Clie
             log.warning("worker %s sent a non-JSON 200 body", worker.url)
             raise UpstreamFailed("head", "non-JSON 200 body") from None
         relayed.usage = parsed.get("usage") if isinstance(parsed, dict) else None
-        relayed.final_usage = relayed.usage is not None
         relayed.captured = body
     await sink.start(status, [
         *ctx.response_headers(),
