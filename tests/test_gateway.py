@@ -322,8 +322,13 @@ def test_sighup_reloads_the_policy(one_worker: tuple[Proc, Proc]) -> None:
     with open(path, "r+") as f:  # same inode, same size
         f.write(text.replace(old_hash, hash_key("tg-rotated-key")))
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
-    time.sleep(1.5)
-    assert post(gw, chat()).status_code == 200, "unchanged stamp: not reloaded yet"
+
+    def checks() -> int:
+        return httpx.get(gw.url + "/admin/policy/status", headers={"authorization": f"Bearer {ADMIN_TOKEN}"},
+                         timeout=10).json()["file_checks"]
+    written = checks()
+    assert wait_for(lambda: checks() >= written + 2), "the watcher looked at the file since it was written"
+    assert post(gw, chat()).status_code == 200, "unchanged stamp: not reloaded"
     os.kill(gw.pid, signal.SIGHUP)
     assert wait_for(lambda: post(gw, chat(), key="tg-rotated-key").status_code == 200)
     assert post(gw, chat()).status_code == 401, "the old key is gone"

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from gateway.ops import diagnose
-from tests.conftest import DEMO_KEY, PREMIUM_KEY, Proc, metric_value, policy_dict, wait_for
+from tests.conftest import ADMIN_TOKEN, DEMO_KEY, PREMIUM_KEY, Proc, metric_value, policy_dict, wait_for
 
 pytestmark = pytest.mark.vllm
 MODEL = "tiny-llama"
@@ -66,9 +66,10 @@ def test_client_disconnect_stops_vllm(gateway: Proc, vllm_server: Any) -> None:
         with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, timeout=60,
                           headers={"authorization": f"Bearer {PREMIUM_KEY}"}) as response:  # premium: not clamped
             assert next(response.iter_raw()).startswith(b"data: ")
+        # the running gauge and the token counter come from the same engine step's stats: once it reads 0, the
+        # tokens the aborted request generated are counted. 1,900 tokens take ~3 s here: a request that ran to
+        # the end would show them all
         assert wait_for(lambda: metric_value(vllm_server.url, "vllm:num_requests_running") == 0, timeout=15)
-        time.sleep(1.0)
-        # 1,900 tokens take ~3 s here: a request that ran to the end would show them all
         attempts.append(metric_value(vllm_server.url, "vllm:generation_tokens_total") - generated_before)
         if attempts[-1] < 1000:
             break
@@ -121,9 +122,14 @@ def test_premium_goes_ahead_of_queued_batch_work(vllm_server: Any, start_gateway
     for line in lines:
         line.start()
     try:
-        # no polling for the queue to fill: with vLLM holding both cores, /metrics can answer too late to see
-        # it; the lines' own Server-Timing below says whether they queued
-        time.sleep(1.5)
+        # wait for the lines to be in the gateway (one running, the rest queued), as its own queue view says:
+        # vLLM's /metrics can answer too late while the engine holds both cores, the gateway's does not
+        def lines_in() -> bool:
+            pools = httpx.get(gw.url + "/admin/queues", timeout=30,
+                              headers={"authorization": f"Bearer {ADMIN_TOKEN}"}).json()["pools"]
+            main = pools.get("main", {})
+            return main.get("granted", 0) + main.get("classes", {}).get("batch", {}).get("depth", 0) >= 6
+        assert wait_for(lines_in, timeout=60)
         premium = httpx.post(gw.url + "/v1/chat/completions", timeout=120,
                              headers={"authorization": f"Bearer {PREMIUM_KEY}"},
                              json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}],

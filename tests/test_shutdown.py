@@ -12,20 +12,31 @@ from collections.abc import Callable
 import aiohttp
 import httpx
 
-from tests.conftest import DEMO_KEY, Proc, policy_dict
+from tests.conftest import DEMO_KEY, Proc, policy_dict, wait_for
 
 Starter = Callable[..., Proc]
 
 
-async def stream_all(url: str, n: int) -> list[str]:
+async def stream_all(url: str, n: int, started: asyncio.Semaphore) -> list[str]:
+    """``n`` streams at once; each releases ``started`` when its first bytes arrive."""
     body = {"model": "sim-llama-8b", "messages": [{"role": "user", "content": "count"}], "max_tokens": 64,
             "ignore_eos": True, "stream": True}
     async with aiohttp.ClientSession(headers={"authorization": f"Bearer {DEMO_KEY}"}) as session:
         async def one() -> str:
             async with session.post(url + "/v1/chat/completions", json=body) as response:
                 assert response.status == 200
-                return (await response.read()).decode()
+                first = await response.content.readany()
+                started.release()
+                return (first + await response.read()).decode()
         return await asyncio.gather(*(one() for _ in range(n)))
+
+
+def refuses_connections(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+    except OSError:
+        return True
+    return False
 
 
 def test_sigterm_lets_50_streams_finish_and_refuses_new_connections(start_sim: Starter,
@@ -40,16 +51,15 @@ def test_sigterm_lets_50_streams_finish_and_refuses_new_connections(start_sim: S
     host, port = "127.0.0.1", gw.port
 
     async def scenario() -> tuple[list[str], float, bool]:
-        streams = asyncio.ensure_future(stream_all(gw.url, 50))
-        await asyncio.sleep(1.0)  # every stream has started
+        started = asyncio.Semaphore(0)
+        streams = asyncio.ensure_future(stream_all(gw.url, 50, started))
+        for _ in range(50):  # every stream has its first tokens
+            await asyncio.wait_for(started.acquire(), timeout=30)
+        assert not refuses_connections(host, port), "the control: the gateway takes connections before SIGTERM"
         signalled = time.monotonic()
         gw.process.send_signal(signal.SIGTERM)
-        await asyncio.sleep(0.5)
-        refused = False
-        try:
-            socket.create_connection((host, port), timeout=1).close()
-        except OSError:
-            refused = True
+        refused = await asyncio.to_thread(wait_for, lambda: refuses_connections(host, port), 10.0)
+        assert not streams.done(), "the listener closed while the streams were still running"
         results = await streams
         return results, signalled, refused
     results, signalled, refused = asyncio.run(scenario())

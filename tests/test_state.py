@@ -20,6 +20,16 @@ from tests.conftest import REDIS_URL
 BEAT_S = 0.2
 
 
+class Clock:
+    """The heartbeats' clock, moved by hand: no test waits on the wall clock."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture
 def namespace() -> str:
     """A namespace of this test's own, so gateway processes of other tests on the same Redis do not count."""
@@ -28,13 +38,14 @@ def namespace() -> str:
 
 def test_parts_add_up_to_the_limit_as_processes_join_and_leave(namespace: str) -> None:
     async def main() -> None:
+        clock = Clock()
         state = SharedState(StatePolicy(redis_url=REDIS_URL, namespace=namespace))
-        a, b, c = (Replicas(state, ALONE, beat_s=BEAT_S) for _ in range(3))
+        a, b, c = (Replicas(state, ALONE, beat_s=BEAT_S, clock=clock) for _ in range(3))
         first = await a.beat()
         assert first == Share(0, 1, ready=True), "alone: the whole limit at once"
         await b.beat()
         assert not b.share.ready, "a newcomer waits until the others have seen it"
-        await asyncio.sleep(2 * BEAT_S)
+        clock.now += 2 * BEAT_S
         for r in (a, b):
             await r.beat()
         assert a.share.ready and b.share.ready and {a.share.index, b.share.index} == {0, 1}
@@ -51,14 +62,14 @@ def test_parts_add_up_to_the_limit_as_processes_join_and_leave(namespace: str) -
         assert b.excess == {"http://w1": 1} and a.excess == {}
 
         await c.beat()
-        await asyncio.sleep(2 * BEAT_S)
+        clock.now += 2 * BEAT_S
         for r in (a, b, c):
             await r.beat()
         assert sum(r.share.of_limit(7) for r in (a, b, c)) == 7 and all(r.share.of == 3 for r in (a, b, c))
 
         # c is killed (no leave): after three silent beats the others take its part
         for _ in range(4):
-            await asyncio.sleep(BEAT_S)
+            clock.now += BEAT_S
             await a.beat()
             await b.beat()
         assert a.share.of == b.share.of == 2 and a.share.of_limit(7) + b.share.of_limit(7) == 7
@@ -71,11 +82,12 @@ def test_parts_add_up_to_the_limit_as_processes_join_and_leave(namespace: str) -
 
 def test_an_unreadable_entry_counts_the_process_but_not_its_report(namespace: str) -> None:
     async def main() -> None:
+        clock = Clock()
         state = SharedState(StatePolicy(redis_url=REDIS_URL, namespace=namespace))
-        a, b = Replicas(state, ALONE, beat_s=BEAT_S), Replicas(state, ALONE, beat_s=BEAT_S)
+        a, b = (Replicas(state, ALONE, beat_s=BEAT_S, clock=clock) for _ in range(2))
         await a.beat()
         await b.beat()
-        await asyncio.sleep(2 * BEAT_S)
+        clock.now += 2 * BEAT_S
         await b.beat()
         for garbage in (b"not json", b'{"http://w1": "four"}', b"[1, 2]", b'{"http://w1": [-1, 0]}'):
             assert state.redis is not None
@@ -89,11 +101,12 @@ def test_an_unreadable_entry_counts_the_process_but_not_its_report(namespace: st
 
 def test_redis_down_keeps_the_last_known_part(namespace: str) -> None:
     async def main() -> None:
+        clock = Clock()
         up = SharedState(StatePolicy(redis_url=REDIS_URL, namespace=namespace))
-        a, b = Replicas(up, ALONE, beat_s=BEAT_S), Replicas(up, ALONE, beat_s=BEAT_S)
+        a, b = (Replicas(up, ALONE, beat_s=BEAT_S, clock=clock) for _ in range(2))
         await a.beat()
         await b.beat()
-        await asyncio.sleep(2 * BEAT_S)
+        clock.now += 2 * BEAT_S
         known = await b.beat()
         assert known.of == 2 and known.ready
         dead = SharedState(StatePolicy(redis_url="redis://127.0.0.1:1/0", timeout_ms=100))

@@ -163,6 +163,8 @@ class PolicyStore:
     last_error_at: float | None = None
     reloads_ok: int = 0
     reloads_failed: int = 0
+    file_checks: int = 0  # the watcher's passes over the file
+    file_checked_at: float | None = None
     listeners: list[Listener] = field(default_factory=list)
     rejection_listeners: list[Callable[[PolicyError], None]] = field(default_factory=list)
     _stamp: tuple[int, int, int] | None = None
@@ -177,7 +179,8 @@ class PolicyStore:
         snap = self.current
         return {"digest": snap.digest, "source": snap.source, "loaded_at": snap.loaded_at,
                 "reloads_ok": self.reloads_ok, "reloads_failed": self.reloads_failed,
-                "last_error": self.last_error, "last_error_at": self.last_error_at}
+                "last_error": self.last_error, "last_error_at": self.last_error_at,
+                "file_checks": self.file_checks, "file_checked_at": self.file_checked_at}
 
     def apply(self, snapshot: PolicySnapshot) -> dict[str, list[str]]:
         changes = diff(self.current.policy, snapshot.policy)
@@ -257,6 +260,8 @@ class PolicyStore:
                     await self.reload_file()
                 except PolicyError:
                     pass
+            self.file_checks += 1  # a watcher that stopped shows here: the count no longer moves
+            self.file_checked_at = time.time()
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:

@@ -33,7 +33,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -70,10 +70,13 @@ class Share:
 ALONE = Share()
 
 # Announce with this process's learned limits, drop the silent, return the live and their limits: one step,
-# timed by Redis's clock (hosts' clocks may disagree).
+# timed by Redis's clock (hosts' clocks may disagree), or by the caller's when it brings one (ARGV[5]: tests).
 _BEAT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local now = tonumber(ARGV[5])
+if now == nil then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 local silent = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
 for _, id in ipairs(silent) do
@@ -105,7 +108,10 @@ def _read_view(raw: bytes) -> dict[str, tuple[int, int]] | None:
 
 
 class Replicas:
-    def __init__(self, state: SharedState, fallback: Share, beat_s: float = 1.0) -> None:
+    def __init__(self, state: SharedState, fallback: Share, beat_s: float = 1.0,
+                 clock: Callable[[], float] | None = None) -> None:
+        """``clock``: one clock for every process's heartbeat (a test's); by default Redis's own, which every
+        host reads alike, and this host's monotonic clock for its own joining."""
         assert state.redis is not None
         self.redis = state.redis
         self.key = state.prefix + "replicas"
@@ -117,17 +123,19 @@ class Replicas:
         self.agreed: dict[str, int] = {}  # worker URL -> the lowest limit a live process learned for it
         self.excess: dict[str, int] = {}  # worker URL -> what the other processes hold beyond their parts
         self._script = self.redis.register_script(_BEAT)
+        self._clock = clock
         self._joined: float | None = None  # the time of this process's first heartbeat that Redis took
         self._warned = False
 
-    async def beat(self, workers: dict[str, tuple[int, int]] | None = None, now: float | None = None) -> Share:
+    async def beat(self, workers: dict[str, tuple[int, int]] | None = None) -> Share:
         """Announce this process with, per worker URL, (the limit it learned, the requests it holds there);
         drop the silent ones; return this process's share (the last one known when Redis does not answer)."""
-        now = time.monotonic() if now is None else now
+        now = self._clock() if self._clock is not None else time.monotonic()
         try:
             members, reported = await self._script(
                 keys=[self.key, self.limits_key],
-                args=[self.id, 3 * self.beat_s, max(10, int(30 * self.beat_s)), orjson.dumps(workers or {})])
+                args=[self.id, 3 * self.beat_s, max(10, int(30 * self.beat_s)), orjson.dumps(workers or {}),
+                      "" if self._clock is None else repr(now)])
         except Exception as exc:
             if not self._warned:
                 log.error("Redis unreachable (%s): keeping this process's part of each worker's limit at %s",
