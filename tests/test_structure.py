@@ -114,3 +114,22 @@ def test_the_checks_see_a_second_writer() -> None:
     kinds = {(t.value.id if isinstance(t.value, ast.Name) else t.value.attr, t.attr) for t in targets(tree)
              if isinstance(t, ast.Attribute)}
     assert kinds == {("ctx", "model"), ("observed", "healthy"), ("timings", "tpot")}
+
+
+def test_the_in_process_layer_starts_no_process() -> None:
+    """The modules `make unit` runs import nothing that starts a process."""
+    from tests.conftest import IN_PROCESS
+    starters = ("loadtest.procs", "subprocess", "multiprocessing", "tests.conftest.start")
+    wrong = []
+    for name in sorted(IN_PROCESS):
+        path = ROOT / "tests" / f"{name}.py"
+        if not path.exists():
+            wrong.append(f"{name}: no such test module")
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            imported = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            wrong += [f"{name} imports {m}" for m in imported if m.startswith(starters)]
+            if isinstance(node, ast.arg) and node.arg in ("start_sim", "start_gateway", "vllm_server"):
+                wrong.append(f"{name} takes the {node.arg} fixture")
+    assert wrong == []
