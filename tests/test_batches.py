@@ -301,17 +301,20 @@ def batch_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 def test_claims_split_lines_lapse_and_come_back(batch_store: Any, tmp_path: Path) -> None:
     """Two owners never hold one line; a lapsed claim is taken over; release gives lines back at once; a
     finished line is never claimed again; contents read back chunk by chunk."""
-    from gateway.batches.lines import validate
+    from gateway.batches.lines import check, valid_lines
 
     s = batch_store
     one, two, three, four = (f"{name}-{time.time_ns()}" for name in ("one", "two", "three", "four"))
     source = tmp_path / "in.jsonl"
     source.write_bytes(jsonl([request_line(f"c{i}") for i in range(10)]))
-    found, errors = validate(source, "/v1/chat/completions", 100)
+    total, errors = check(source, "/v1/chat/completions", 100, 65536)
+    found = list(valid_lines(source, "/v1/chat/completions", 100, 65536))
     record = s.add_file("acme", "batch", "in.jsonl", source=source)
     assert not errors and s.read_chunk(record.id, 0) == jsonl([request_line(f"c{i}") for i in range(10)])
     batch = s.create_batch("acme", "/v1/chat/completions", record.id, "24h", None)
-    assert s.start_lines(batch.id, found) and not s.start_lines(batch.id, found), "validated once"
+    assert s.begin_validation(batch.id, one, 60) == 1
+    s.add_lines(batch.id, one, found)
+    assert s.start_lines(batch.id, one, total) and not s.start_lines(batch.id, one, total), "validated once"
 
     first = s.claim(batch.id, one, 4, 60)
     second = s.claim(batch.id, two, 4, 60)

@@ -25,11 +25,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 from gateway import pipeline
 from gateway.batches import lines
-from gateway.batches.store import ACTIVE, BatchRecord, BatchStore
+from gateway.batches.store import ACTIVE, BatchRecord, BatchStore, new_id
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, TryLater, UpstreamFailed
 from gateway.openai_api import ENDPOINT_OF_PATH
@@ -38,6 +39,8 @@ from gateway.sink import BufferSink
 
 log = logging.getLogger("tollgate.batches")
 MAX_RETRY_WAIT_S = 60.0
+VALIDATION_TRIES = 2  # a file whose validation was cut short this often (a crash each time) fails
+LINES_PER_INSERT = 2_000
 
 
 class Gate:
@@ -178,18 +181,55 @@ class BatchRunner:
         log.info("batch %s: %s", batch_id, record.status if record else "gone")
 
     async def _validate(self, record: BatchRecord) -> None:
+        """Check the input file on a thread of its own (not the store's: other callers go on meanwhile), then
+        record its lines a few thousand at a time. A file whose validation was cut short (the process died)
+        is tried again, at most VALIDATION_TRIES times."""
         store, row = self.store, record.row
         if await store.do(store.get_file, record.tenant, row["input_file_id"]) is None:
             await store.do(store.fail_validation, record.id, [{
                 "code": "file_not_found", "message": f"The input file {row['input_file_id']} no longer exists.",
                 "param": "input_file_id", "line": None}])
             return
-        max_lines = self.gw.store.current.policy.batches.max_lines
-        found, errors = await store.do(store.validate_file, row["input_file_id"], row["endpoint"], max_lines)
-        if errors:
-            await store.do(store.fail_validation, record.id, errors)
-        else:
-            await store.do(store.start_lines, record.id, found)
+        tries = await store.do(store.begin_validation, record.id, self.owner, self.lease_s)
+        if tries is None:  # another process is validating it
+            await asyncio.sleep(POLL_S)
+            return
+        if tries > VALIDATION_TRIES:
+            await store.do(store.fail_validation, record.id, [{
+                "code": "validation_failed", "param": "input_file_id", "line": None,
+                "message": f"Validating this file was cut short {VALIDATION_TRIES} times; it is not tried again."}])
+            return
+        policy = self.gw.store.current.policy
+        limits = (row["endpoint"], policy.batches.max_lines, policy.server.max_body_bytes)
+        async with self._input(row["input_file_id"]) as path:
+            total, errors = await asyncio.to_thread(lines.check, path, *limits)
+            if errors:
+                await store.do(store.fail_validation, record.id, errors)
+                return
+            found = lines.valid_lines(path, *limits)
+            while chunk := await asyncio.to_thread(_take, found, LINES_PER_INSERT):
+                await store.do(store.add_lines, record.id, self.owner, chunk)
+        await store.do(store.start_lines, record.id, self.owner, total)
+
+    @contextlib.asynccontextmanager
+    async def _input(self, file_id: str) -> AsyncIterator[Path]:
+        """The input file as a path on this host: where it lives, or a copy made chunk by chunk (each read is
+        one store call, so a large file does not hold the store's thread)."""
+        store = self.store
+        local = await store.do(store.local_file, file_id)
+        if local is not None:
+            yield local
+            return
+        copy = store.files_dir / (new_id("input-") + ".part")
+        try:
+            with copy.open("wb") as out:
+                index = 0
+                while (chunk := await store.do(store.read_chunk, file_id, index)) is not None:
+                    await asyncio.to_thread(out.write, chunk)
+                    index += 1
+            yield copy
+        finally:
+            copy.unlink(missing_ok=True)
 
     async def _run_lines(self, record: BatchRecord) -> str:
         """Claim and run unfinished lines until none is left; say why it stopped: completed, cancelled or
@@ -258,3 +298,7 @@ class BatchRunner:
         await store.do(store.finish_line, record.id, line_no, 200 <= status < 300,
                        lines.answered(custom_id, status, ctx.request_id, sink.body))
         return None, 0
+
+
+def _take(lines_: Iterator[lines.Line], n: int) -> list[lines.Line]:
+    return [line for _, line in zip(range(n), lines_, strict=False)]

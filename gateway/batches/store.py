@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from gateway.batches.lines import Line, unanswered, validate
+from gateway.batches.lines import Line, unanswered
 from gateway.errors import Unavailable
 
 log = logging.getLogger("tollgate.batches")
@@ -61,7 +61,8 @@ CREATE TABLE IF NOT EXISTS batches (
     completion_window TEXT NOT NULL, status TEXT NOT NULL, created_at BIGINT NOT NULL,
     expires_at BIGINT NOT NULL, in_progress_at BIGINT, finalizing_at BIGINT, completed_at BIGINT,
     failed_at BIGINT, expired_at BIGINT, cancelling_at BIGINT, cancelled_at BIGINT,
-    output_file_id TEXT, error_file_id TEXT, errors TEXT, metadata TEXT, total INTEGER NOT NULL DEFAULT 0);
+    output_file_id TEXT, error_file_id TEXT, errors TEXT, metadata TEXT, total INTEGER NOT NULL DEFAULT 0,
+    validation_tries INTEGER NOT NULL DEFAULT 0, validated_by TEXT, validated_until {real});
 CREATE INDEX IF NOT EXISTS batches_by_tenant ON batches (tenant, created_at);
 CREATE TABLE IF NOT EXISTS batch_lines (
     batch_id TEXT NOT NULL, line_no INTEGER NOT NULL, custom_id TEXT NOT NULL, body {blob} NOT NULL,
@@ -185,10 +186,6 @@ class BatchStore(abc.ABC):
     def _drop_content(self, file_id: str) -> None:
         """Delete a file's content (its row is already gone)."""
 
-    @abc.abstractmethod
-    def local_path(self, file_id: str) -> contextlib.AbstractContextManager[Path]:
-        """A path on this host holding the file's content, for as long as the context lasts."""
-
     # -- files ---------------------------------------------------------------------------------------------
 
     def add_file(self, tenant: str, purpose: str, filename: str, source: Path | None = None,
@@ -284,15 +281,56 @@ class BatchStore(abc.ABC):
     def fail_validation(self, batch_id: str, errors: list[dict[str, Any]]) -> None:
         self.set_status(batch_id, "failed", ("validating",), errors=orjson.dumps(errors).decode())
 
-    def start_lines(self, batch_id: str, lines: list[Line]) -> bool:
-        """Record the validated lines and move to in_progress, in one transaction (a crash redoes both)."""
+    def begin_validation(self, batch_id: str, owner: str, lease_s: float) -> int | None:
+        """Take the batch's validation for ``owner`` (None while another process's lease on it is live), count
+        one more try, and clear the lines an interrupted try left. Returns the tries so far: a file that
+        crashed the process while it was validated is not tried forever."""
+        now = time.time()
         with self._transaction():
-            if self._run("SELECT status FROM batches WHERE id = ?", (batch_id,)).fetchone()[0] != "validating":
-                return False  # another process got there first
+            row = self._run("SELECT validated_by, validated_until, validation_tries FROM batches WHERE id = ?",
+                            (batch_id,)).fetchone()
+            if row is None:
+                return None
+            holder, until, tries = row[0], row[1], row[2]
+            if holder not in (None, owner) and until is not None and until > now:
+                return None
+            self._run("UPDATE batches SET validation_tries = ?, validated_by = ?, validated_until = ? WHERE id = ?",
+                      (tries + 1, owner, now + lease_s, batch_id))
             self._run("DELETE FROM batch_lines WHERE batch_id = ?", (batch_id,))
-            self._run_many("INSERT INTO batch_lines (batch_id, line_no, custom_id, body) VALUES (?, ?, ?, ?)",
+            return int(tries + 1)
+
+    def add_lines(self, batch_id: str, owner: str, lines: list[Line]) -> None:
+        """Record some of a validated file's lines (a few thousand at a time, between other callers)."""
+        with self._transaction():
+            if not self._holds_validation(batch_id, owner):
+                return
+            self._run_many("INSERT INTO batch_lines (batch_id, line_no, custom_id, body) VALUES (?, ?, ?, ?) "
+                           "ON CONFLICT (batch_id, line_no) DO NOTHING",
                            ((batch_id, line.line_no, line.custom_id, line.body) for line in lines))
-            return self.set_status(batch_id, "in_progress", ("validating",), total=len(lines))
+
+    def start_lines(self, batch_id: str, owner: str, total: int) -> bool:
+        """Move to in_progress once all ``total`` lines are recorded (by add_lines)."""
+        with self._transaction():
+            if not self._holds_validation(batch_id, owner):
+                return False
+            recorded = self._run("SELECT COUNT(*) FROM batch_lines WHERE batch_id = ?", (batch_id,)).fetchone()[0]
+            if recorded != total:
+                return False
+            return self.set_status(batch_id, "in_progress", ("validating",), total=total)
+
+    def _holds_validation(self, batch_id: str, owner: str) -> bool:
+        """True while ``owner`` validates the batch; False once it is past validating (nothing left to do);
+        LookupError when another process took the validation over (this one's lease lapsed)."""
+        row = self._run("SELECT validated_by, status FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        if row is not None and row[1] != "validating":
+            return False
+        if row is None or row[0] != owner:
+            raise LookupError(f"batch {batch_id}: this process no longer holds its validation")
+        return True
+
+    def local_file(self, file_id: str) -> Path | None:
+        """The file's content as a path on this host, if it lives on this host (else read it by chunks)."""
+        return None
 
     def claim(self, batch_id: str, owner: str, most: int, lease_s: float) -> list[tuple[int, str]]:
         """Claim up to ``most`` unfinished lines no live claim holds, for ``owner``, in file order."""
@@ -350,11 +388,6 @@ class BatchStore(abc.ABC):
                 yield bytes(result)
             after = int(rows[-1][0])
 
-    def validate_file(self, file_id: str, endpoint: str, max_lines: int) -> tuple[list[Line], list[dict[str, Any]]]:
-        """Parse and check a batch input file (batches.lines.validate) from wherever its content lives."""
-        with self.local_path(file_id) as path:
-            return validate(path, endpoint, max_lines)
-
     def finalize(self, batch_id: str, final: str) -> None:
         """Write the output and error files from the checkpointed lines, then end the batch in ``final``.
 
@@ -393,6 +426,11 @@ class SqliteBatchStore(BatchStore):
                                  "ALTER TABLE batch_lines ADD COLUMN claimed_by TEXT; "
                                  "ALTER TABLE batch_lines ADD COLUMN claimed_until REAL;")
             db.executescript(_SCHEMA.format(blob="BLOB", real="REAL"))
+            columns = {row[1] for row in db.execute("PRAGMA table_info(batches)")}
+            for column, kind in (("validation_tries", "INTEGER NOT NULL DEFAULT 0"), ("validated_by", "TEXT"),
+                                 ("validated_until", "REAL")):
+                if column not in columns:  # a data directory from before validation had a lease
+                    db.execute(f"ALTER TABLE batches ADD COLUMN {column} {kind}")
             self._db = db
         return self._db
 
@@ -438,9 +476,8 @@ class SqliteBatchStore(BatchStore):
     def _drop_content(self, file_id: str) -> None:
         self.file_path(file_id).unlink(missing_ok=True)
 
-    @contextlib.contextmanager
-    def local_path(self, file_id: str) -> Iterator[Path]:
-        yield self.file_path(file_id)
+    def local_file(self, file_id: str) -> Path | None:
+        return self.file_path(file_id)
 
 
 class PostgresBatchStore(BatchStore):
@@ -470,6 +507,9 @@ class PostgresBatchStore(BatchStore):
                         db.execute(statement)
                 db.execute("CREATE TABLE IF NOT EXISTS batch_file_chunks (file_id TEXT NOT NULL, seq INTEGER "
                            "NOT NULL, data BYTEA NOT NULL, PRIMARY KEY (file_id, seq))")
+                for column in ("validation_tries INTEGER NOT NULL DEFAULT 0", "validated_by TEXT",
+                               "validated_until DOUBLE PRECISION"):
+                    db.execute(f"ALTER TABLE batches ADD COLUMN IF NOT EXISTS {column}")
             self._db = db
         return self._db
 
@@ -505,18 +545,6 @@ class PostgresBatchStore(BatchStore):
     def _drop_content(self, file_id: str) -> None:
         self._run("DELETE FROM batch_file_chunks WHERE file_id = ?", (file_id,))
 
-    @contextlib.contextmanager
-    def local_path(self, file_id: str) -> Iterator[Path]:
-        path = self.files_dir / (new_id("local-") + ".part")
-        try:
-            with path.open("wb") as out:
-                index = 0
-                while (chunk := self.read_chunk(file_id, index)) is not None:
-                    out.write(chunk)
-                    index += 1
-            yield path
-        finally:
-            path.unlink(missing_ok=True)
 
 
 def open_batch_store(data_dir: Path, postgres_dsn: str | None) -> BatchStore:
