@@ -90,12 +90,15 @@ def test_every_guarded_route_answers_in_the_openai_shape() -> None:
             two_keys = await client.get("/admin/queues", headers=[("authorization", f"Bearer {ADMIN_TOKEN}"),
                                                                   ("authorization", f"Bearer {DEMO_KEY}")])
             seen.append(("two keys", two_keys.status_code, two_keys.json()))
+            page = await client.get("/reports", headers=[("authorization", f"Bearer {FINANCE_TOKEN}"),
+                                                         ("authorization", f"Bearer {DEMO_KEY}")])
+            seen.append(("two keys on the finance page", page.status_code, page.json()))
             return seen
     seen = asyncio.run(main())
     statuses = [status for _, status, _ in seen]
-    assert statuses == [401, 401, 401, 200, 403, 401, 409, 401, 200, 409, 404, 405, 400], seen
+    assert statuses == [401, 401, 401, 200, 403, 401, 409, 401, 200, 409, 404, 405, 400, 400], seen
     codes = {what: body["error"]["code"] for what, status, body in seen if status >= 400}
     assert codes["GET /admin/queues []"] == "invalid_admin_token"
     assert codes["GET /admin/reports/costs ['authorization']"] in ("forbidden", "ledger_disabled")
-    assert codes["two keys"] == "duplicate_header"
+    assert codes["two keys"] == codes["two keys on the finance page"] == "duplicate_header"
     assert all(set(body["error"]) >= {"message", "type", "param", "code"} for _, s, body in seen if s >= 400)

@@ -334,3 +334,12 @@ def test_a_key_identifies_its_tenant_by_hash_and_nothing_else_does() -> None:
     assert token_matches(b"Bearer secret", "sha256:" + hash_key("secret"))
     assert not token_matches(b"Bearer secret", "sha256:" + hash_key("other"))
     assert not token_matches(b"Bearer secret", None) and not token_matches(None, "sha256:" + hash_key("secret"))
+
+
+def test_report_bounds_at_the_calendars_edge_are_open_ends_not_errors() -> None:
+    """to=9999-12-31 (a day past it overflows) and a from in year 1 east of UTC (before year 1 in UTC)."""
+    from gateway.ledger.stores import OPEN_END, OPEN_START
+    assert parse_time("9999-12-31", end=True) == OPEN_END
+    assert parse_time("9999-12-31T23:59:59-05:00", end=True) == OPEN_END
+    assert parse_time("0001-01-01T00:00:00+01:00", end=False) == OPEN_START
+    assert parse_time("0001-01-01", end=False) == "0001-01-01T00:00:00.000000Z"

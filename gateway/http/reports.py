@@ -90,12 +90,19 @@ async def query(fn: Callable[..., list[dict[str, Any]]], *args: Any) -> list[dic
 
 
 def parse_time(text: str, end: bool) -> str:
+    """An ISO date or time as a ledger bound. A bound at the calendar's edge (``to=9999-12-31``, a ``from`` in
+    year 1 with an offset east of UTC) is an open end, not an overflow."""
     try:
         if len(text) == 10:
             day = date.fromisoformat(text)
-            return sortable(datetime(day.year, day.month, day.day, tzinfo=UTC) + (timedelta(days=1) if end else
-                                                                             timedelta(0)))
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            moment = datetime(day.year, day.month, day.day, tzinfo=UTC)
+            if end:
+                moment += timedelta(days=1)
+        else:
+            moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            moment = moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)
+    except OverflowError:
+        return OPEN_END if end else OPEN_START
     except ValueError:
         raise InvalidRequest(f"'{text[:40]}' is not an ISO date or time.", "invalid_time",
                              param="to" if end else "from") from None

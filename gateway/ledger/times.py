@@ -8,19 +8,20 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
 def sortable(moment: datetime) -> str:
-    """A moment as the ledger writes and compares it (a naive moment is taken as UTC)."""
+    """A moment as the ledger writes and compares it (a naive moment is taken as UTC). Written out by hand:
+    strftime's %Y does not pad years before 1000 on Linux, and "1-01-01" sorts after "2026"."""
     if moment.tzinfo is not None:
         moment = moment.astimezone(UTC)
-    return moment.strftime(FORMAT)
+    return (f"{moment.year:04d}-{moment.month:02d}-{moment.day:02d}T{moment.hour:02d}:{moment.minute:02d}:"
+            f"{moment.second:02d}.{moment.microsecond:06d}Z")
 
 
 def at(timestamp: float) -> str:
     """A Unix time as the ledger writes it."""
-    return datetime.fromtimestamp(timestamp, UTC).strftime(FORMAT)
+    return sortable(datetime.fromtimestamp(timestamp, UTC))
 
 
 def period_start(period: str, now: float) -> str:
@@ -28,4 +29,4 @@ def period_start(period: str, now: float) -> str:
     start = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     if period == "month":
         start = start.replace(day=1)
-    return start.strftime(FORMAT)
+    return sortable(start)
