@@ -5,8 +5,11 @@ no socket: each piece is called as the pipeline calls it, with fakes only for wh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import os
 import threading
+from collections.abc import AsyncIterator
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -281,14 +284,88 @@ def test_a_reservation_bounds_concurrent_requests_and_settlement_swaps_it_for_th
     asyncio.run(main())
 
 
-def test_memory_counters_need_a_seed_for_a_new_period_and_never_go_past_the_limit() -> None:
+@pytest.fixture(params=["memory", "redis"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@contextlib.asynccontextmanager
+async def opened(kind: str) -> AsyncIterator[Any]:
+    """Budget counters of ``kind``, in this event loop (Redis under a namespace of their own)."""
+    if kind == "memory":
+        yield MemoryCounters()
+        return
+    from gateway.policy.schema import StatePolicy
+    from gateway.spend.counters import RedisCounters
+    from gateway.state import SharedState
+    from tests.conftest import REDIS_URL
+    state = SharedState(StatePolicy(redis_url=REDIS_URL, namespace=f"test-{os.urandom(4).hex()}"))
+    try:
+        yield RedisCounters(state)
+    finally:
+        await state.close()
+
+
+def test_counters_need_a_seed_for_a_new_period_and_never_go_past_the_limit(kind: str) -> None:
     async def main() -> None:
-        counters = MemoryCounters()
-        assert await counters.reserve("t:2026-01", 10, 100, None) is None, "a new period asks for its seed"
-        assert await counters.reserve("t:2026-01", 10, 100, 85) == (True, 85, 10)
-        assert await counters.reserve("t:2026-01", 6, 100, None) == (False, 85, 10), "85 + 10 + 6 > 100"
-        assert await counters.settle("t:2026-01", 10, 3) == (88, 0)
-        assert await counters.settle("t:missing", 1, 1) is None
+        async with opened(kind) as counters:
+            assert await counters.reserve("t:2026-01", "r1", 10, 100, None) is None, "a new period asks for its seed"
+            assert await counters.reserve("t:2026-01", "r1", 10, 100, 85) == (True, 85, 10)
+            assert await counters.reserve("t:2026-01", "r2", 6, 100, None) == (False, 85, 10), "85 + 10 + 6 > 100"
+            assert await counters.settle("t:2026-01", "r1", 3) == (88, 0)
+            assert await counters.settle("t:missing", "r9", 1) is None
+    asyncio.run(main())
+
+
+def test_a_settlement_without_a_reservation_still_counts(kind: str) -> None:
+    """Admitted while Redis was down, or a priced cache hit: nothing reserved, the cost is spent all the same
+    (Redis refused the old script's '-0' for it, and the cost never reached the counter)."""
+    async def main() -> None:
+        async with opened(kind) as counters:
+            await counters.reserve("t:d", "r1", 10, 1000, 0)
+            assert await counters.settle("t:d", None, 7) == (7, 10)
+            assert await counters.settle("t:d", "unknown", 5) == (12, 10)
+            assert await counters.settle("t:d", "r1", 0) == (12, 0)
+    asyncio.run(main())
+
+
+def test_what_settles_is_what_the_counter_holds_not_what_the_caller_believes(kind: str) -> None:
+    """A reserve whose caller gave up (a timeout) is released by its id; a settle twice releases once; a
+    counter that lost its reservations (Redis restarted, reseeded from the ledger) never goes below zero."""
+    async def main() -> None:
+        async with opened(kind) as counters:
+            await counters.reserve("t:d", "late", 40, 1000, 0)  # the caller timed out and thinks it holds 0
+            assert await counters.settle("t:d", "late", 0) == (0, 0)
+            assert await counters.settle("t:d", "late", 0) == (0, 0), "released once"
+            await counters.reserve("t:d", "a", 30, 1000, None)
+            await counters.reserve("t:d", "b", 30, 1000, None)
+            if isinstance(counters, MemoryCounters):
+                counters._counters.clear()
+            else:
+                await counters.redis.delete(counters.prefix + "t:d")  # the counter is gone, the holds stay
+            assert await counters.reserve("t:d", "c", 20, 1000, None) is None
+            assert await counters.reserve("t:d", "c", 20, 1000, 100) == (True, 100, 20), "reseeded from the ledger"
+            assert await counters.settle("t:d", "a", 5) == (105, 0), "a's hold is released from the new count, floored"
+            assert await counters.settle("t:d", "c", 5) == (110, 0)
+    asyncio.run(main())
+
+
+def test_a_reservation_nobody_settles_lapses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process killed with requests in flight leaves their reservations; they are released after HOLD_S."""
+    from gateway.policy.schema import StatePolicy
+    from gateway.spend import counters as module
+    from gateway.state import SharedState
+    from tests.conftest import REDIS_URL
+
+    async def main() -> None:
+        state = SharedState(StatePolicy(redis_url=REDIS_URL, namespace=f"test-{os.urandom(4).hex()}"))
+        redis_counters = module.RedisCounters(state)
+        monkeypatch.setattr(module, "HOLD_S", -1.0)  # already past its hold
+        assert await redis_counters.reserve("t:d", "dead", 900, 1000, 0) == (True, 0, 900)
+        monkeypatch.setattr(module, "HOLD_S", 3600.0)
+        assert await redis_counters.reserve("t:d", "live", 900, 1000, None) == (True, 0, 900), "the dead one lapsed"
+        assert await redis_counters.reserve("t:d", "more", 200, 1000, None) == (False, 0, 900), "the live one holds"
+        await state.close()
     asyncio.run(main())
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 
-
 def sortable(moment: datetime) -> str:
     """A moment as the ledger writes and compares it (a naive moment is taken as UTC). Written out by hand:
     strftime's %Y does not pad years before 1000 on Linux, and "1-01-01" sorts after "2026"."""

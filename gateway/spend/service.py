@@ -12,8 +12,10 @@ while it is down (logged and counted), and the ledger, the truth, reseeds the co
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -41,8 +43,13 @@ log = logging.getLogger("tollgate.spend")
 @dataclass(frozen=True, slots=True)
 class Reservation:
     key: str
-    amount: int  # nano-USD
+    rid: str  # what the counters hold it under: settling releases what they hold, not what we believe
+    amount: int  # nano-USD; 0 when the counter did not answer (the reservation may still have been made)
     budget: Budget
+
+
+_RID_PREFIX = os.urandom(6).hex()  # reservation ids: unique across processes, no syscall per request
+_rids = itertools.count()
 
 
 def period_key(tenant: str, budget: Budget, now: float) -> str:
@@ -116,13 +123,16 @@ class Spend:
                        now: float) -> None:
         key = period_key(tenant.name, budget, now)
         amount, limit = math.ceil(worst_usd * NANO), int(budget.limit_usd * NANO)
+        rid = f"{_RID_PREFIX}{next(_rids):x}"
         try:
-            result = await self.counters.reserve(key, amount, limit, None)
+            result = await self.counters.reserve(key, rid, amount, limit, None)
             if result is None:
-                result = await self.counters.reserve(key, amount, limit, await self._seed(tenant.name, budget, now))
-        except Exception as exc:  # the shared counter is down: let traffic through, say so
+                seed = await self._seed(tenant.name, budget, now)
+                result = await self.counters.reserve(key, rid, amount, limit, seed)
+        except Exception as exc:  # the shared counter is down or slow: let traffic through, say so
             log.error("budget counter unavailable (%s): %s is not enforced", exc, tenant.name)
             self.metrics.errors.labels(ctx.label, ctx.model or "none", "budget_store_down").inc()
+            ctx.reservation = Reservation(key, rid, 0, budget)  # a reserve that ran late is released at settle
             return
         assert result is not None
         granted, spent, reserved = result
@@ -132,7 +142,7 @@ class Spend:
                            f"${budget.limit_usd:g} (spent ${spent / NANO:.6f}, ${reserved / NANO:.6f} reserved by "
                            "requests in flight); this request could cost up to "
                            f"${worst_usd:.6f}.")
-        ctx.reservation = Reservation(key, amount, budget)
+        ctx.reservation = Reservation(key, rid, amount, budget)
 
     async def _seed(self, tenant: str, budget: Budget, now: float) -> int:
         """The period's spend so far, from the ledger (the truth when the counter is new or was lost)."""
@@ -157,18 +167,18 @@ class Spend:
         budget = reservation.budget if reservation else tenant.budget
         assert budget is not None
         key = reservation.key if reservation else period_key(tenant.name, budget, time.time())
-        amounts = (reservation.amount if reservation else 0, math.ceil(cost_usd * NANO))
+        rid, actual = (reservation.rid if reservation else None), math.ceil(cost_usd * NANO)
         if isinstance(self.counters, MemoryCounters):
-            self._settled(tenant, budget, key, self.counters.settle_now(key, *amounts), webhook)
+            self._settled(tenant, budget, key, self.counters.settle_now(key, rid, actual), webhook)
             return
-        task = asyncio.get_running_loop().create_task(self._settle(tenant, budget, key, amounts, webhook))
+        task = asyncio.get_running_loop().create_task(self._settle(tenant, budget, key, rid, actual, webhook))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _settle(self, tenant: TenantView, budget: Budget, key: str, amounts: tuple[int, int],
+    async def _settle(self, tenant: TenantView, budget: Budget, key: str, rid: str | None, actual: int,
                       webhook: str | None) -> None:
         try:
-            result = await self.counters.settle(key, *amounts)
+            result = await self.counters.settle(key, rid, actual)
         except Exception as exc:
             log.error("budget counter unavailable at settlement (%s); the ledger keeps the cost", exc)
             return
