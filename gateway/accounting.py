@@ -1,5 +1,5 @@
-"""One finish() per request: Prometheus, the JSON log line (written off the loop by gateway.ops.logs) and the ledger
-record (written off the loop by gateway.ledger.writer)."""
+"""One finish() per request: its price, the budget and rate-limit settlements, Prometheus, the JSON log line
+(written off the loop by gateway.ops.logs) and the ledger record (written off the loop by the ledger writer)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from gateway.ledger.records import draft, price
 from gateway.ledger.writer import LedgerWriter
 from gateway.ops import logs
 from gateway.ops.metrics import GatewayMetrics
+from gateway.ratelimit import RateLimiter
 from gateway.spend.service import Spend
 
 
 def finish(ctx: RequestContext, metrics: GatewayMetrics, ledger: LedgerWriter | None = None,
-           spend: Spend | None = None) -> None:
+           spend: Spend | None = None, ratelimit: RateLimiter | None = None) -> None:
     t = ctx.timings
     t.total = time.perf_counter() - t.start
     now = time.time()
@@ -24,6 +25,11 @@ def finish(ctx: RequestContext, metrics: GatewayMetrics, ledger: LedgerWriter | 
             metrics.cost.labels(ctx.tenant.name, ctx.model or "none").inc(ctx.cost_usd)
         if spend is not None:
             spend.settle(ctx, ctx.cost_usd)
+        if ratelimit is not None and ctx.charge is not None:
+            hit = bool(ctx.cache and ctx.cache.startswith("hit"))
+            ran = hit or ctx.timings.upstream_connect is not None
+            used = 0 if hit else (ctx.prompt_tokens or 0) + (ctx.completion_tokens or 0)
+            ratelimit.settle(ctx.charge, used, ran)  # type: ignore[arg-type]
     if ledger is not None and (record := draft(ctx, now)) is not None:
         ledger.append(record)
     tier, model = ctx.label, ctx.model or "none"  # the class the request ran in: batch lines count as batch

@@ -69,6 +69,7 @@ class RequestContext:
     cached_tokens: int | None = None  # pipeline.run: prompt tokens the worker's prefix cache served
     usage_estimated: bool = False  # pipeline.run: the worker took it but sent no usage; tokens are estimates
     reservation: object | None = None  # spend.service (Spend.admit): the budget reservation to settle
+    charge: object | None = None  # pipeline.run: what the rate limiter charged (ratelimit.Charge), to settle
     cost_usd: float = 0.0  # accounting.finish
     price_version: str | None = None  # accounting.finish
     error: str | None = None  # pipeline.fail: the outcome's code

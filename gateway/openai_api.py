@@ -77,6 +77,7 @@ def validate_common(body: dict[str, Any]) -> str:
     _number(body, "presence_penalty", -2, 2)
     _number(body, "frequency_penalty", -2, 2)
     _integer(body, "n", 1, 128)
+    _integer(body, "best_of", 1, 128)
     _integer(body, "max_tokens", 1)
     _integer(body, "max_completion_tokens", 1)
     _integer(body, "seed", -(2**63), 2**64 - 1)
@@ -151,18 +152,30 @@ class Call:
     wants_continuous_usage: bool  # ... and for usage on every chunk (vLLM's continuous_usage_stats)
     engine_priority: bool  # the pool's workers run --scheduling-policy priority
     size: int  # bytes as received
-    max_output: int  # the output tokens it may use (max_tokens or max_completion_tokens), read once in prepare
+    max_output: int  # output tokens per sequence (max_tokens or max_completion_tokens), read once in prepare
     max_output_field: str  # which of the two the body carries
+    sequences: int  # sequences it generates: each prompt of a list, times max(n, best_of)
 
     @property
     def prompt_estimate(self) -> int:
-        """Prompt tokens, over-estimated from the body's size (4 bytes a token; JSON adds more than it saves)."""
+        """Prompt tokens as usually written (4 bytes a token), for the scheduler's fair shares, the anomaly
+        rule's sense of a tenant's normal size, and a cut request's estimated usage: a guess, not a bound."""
         return self.size // 4
 
     @property
+    def worst_tokens(self) -> int:
+        """Tokens this request can use at most, a bound whatever the body holds: every byte of the body as a
+        prompt token (a byte-level BPE never makes more tokens than bytes, and the JSON around each message
+        outweighs the chat template's few tokens per message; dense punctuation comes near one token a byte),
+        plus max_tokens for every sequence. Budgets reserve it and the tokens-per-minute limit charges it,
+        then both settle to the usage the worker reports."""
+        return self.size + self.max_output * self.sequences
+
+    @property
     def cost(self) -> int:
-        """Tokens this request may use at most: the prompt estimate plus its max_tokens."""
-        return self.prompt_estimate + self.max_output
+        """Tokens it will likely use, for fair shares between tenants: the prompt estimate plus max_tokens for
+        every sequence."""
+        return self.prompt_estimate + self.max_output * self.sequences
 
 
 _VALIDATORS = {"chat": validate_chat, "completions": validate_completion}
@@ -193,7 +206,15 @@ async def prepare(ctx: RequestContext, raw: bytes) -> Call:
     pool = ctx.snapshot.policy.pools.get(route.pool)
     field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     return Call(body, route, wants_usage, wants_continuous, pool is not None and pool.engine_priority, len(raw),
-                int(body[field]), field)
+                int(body[field]), field, sequences(body))
+
+
+def sequences(body: dict[str, Any]) -> int:
+    """How many sequences a validated body asks the engine for: each prompt of a completions list (strings, or
+    lists of token ids), times the larger of n and best_of."""
+    prompt = body.get("prompt")
+    prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
+    return prompts * max(body.get("n") or 1, body.get("best_of") or 1)
 
 
 def clamp_output(ctx: RequestContext, call: Call, tokens: int, why: str) -> None:

@@ -63,7 +63,7 @@ class Lifecycle:
         finally:
             left = ctx.error == ClientGone.code or sink.status is None
             ctx.status = 499 if left else sink.status  # type: ignore[assignment]
-            accounting.finish(ctx, gw.metrics, gw.ledger, gw.spend)
+            accounting.finish(ctx, gw.metrics, gw.ledger, gw.spend, gw.ratelimit)
         return isinstance(exc, Exception)
 
 
@@ -77,7 +77,7 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
     assert ctx.tenant is not None
     ctx.service_class = lower_class(ctx.tenant.tier, service_class)
     call = await openai_api.prepare(ctx, raw)
-    await gw.ratelimit.check(ctx.tenant, call.cost)  # requests and worst-case tokens per minute
+    ctx.charge = await gw.ratelimit.check(ctx.tenant, call.worst_tokens)  # requests and tokens per minute
     decision = await decide(gw.cache, ctx, call.body, cache_control, gw.metrics)
     if decision is not None and decision.hit:
         assert decision.lookup is not None

@@ -1,8 +1,10 @@
 """Tenant rate limits: requests and tokens per minute, over a sliding window, atomic across replicas in Redis.
 
-Tokens are counted as OpenAI counts them for its own limits: at admission, the request's worst case (the
-prompt estimated from the body's size plus max_tokens), so a burst cannot pass the limit on answers not yet
-written. The window is the current minute plus the previous one weighted by how much of it still overlaps
+Tokens are charged at admission at the request's worst case (Call.worst_tokens: every body byte a prompt
+token, plus max_tokens for every sequence), so a burst cannot pass the limit on answers not yet written, then
+settled when the request ends: the charge drops to the tokens the worker reported, and a request that never
+ran (shed, refused by its budget) gives back its request and its tokens, so a batch line retried after a shed
+is charged once. The window is the current minute plus the previous one weighted by how much of it still overlaps
 the last 60 seconds (the sliding-window counter). Over the limit: 429 ``rate_limit_exceeded`` with a
 Retry-After of the seconds until the next minute's window begins. With Redis configured
 (``state.redis_url``) every replica shares the counts (one Lua step checks and adds both); otherwise they are
@@ -14,10 +16,12 @@ up to twice the limit through.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.errors import RateLimited
@@ -56,6 +60,28 @@ return {allowed, wait}
 """
 
 
+# Give back part of a charge, in the window it was made in, never below zero (KEYS: requests, tokens).
+_REFUND = """
+for i = 1, 2 do
+  local back = tonumber(ARGV[i])
+  if back > 0 and redis.call('exists', KEYS[i]) == 1 then
+    if redis.call('decrby', KEYS[i], back) < 0 then redis.call('set', KEYS[i], 0, 'KEEPTTL') end
+  end
+end
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What ``check`` counted for a request: its tenant, the window, the tokens, and where (Redis or here)."""
+
+    tenant: str
+    window: int
+    tokens: int
+    in_redis: bool
+
+
 def _window(now: float) -> tuple[int, float]:
     """The current window number and the previous window's weight (its share still inside the last minute)."""
     index = int(now // WINDOW_S)
@@ -69,15 +95,18 @@ class RateLimiter:
         self._memory: dict[tuple[str, str, int], int] = {}
         redis = state.redis if state is not None else None
         self._script = redis.register_script(_CHECK) if redis is not None else None
+        self._refund = redis.register_script(_REFUND) if redis is not None else None
+        self._tasks: set[asyncio.Task[None]] = set()
         self._prefix = state.prefix if state is not None else ""
         self._processes = processes
         self._warned = False
 
-    async def check(self, tenant: TenantView, tokens: int, now: float | None = None) -> None:
-        """Count one request of ``tokens`` (worst case) for the tenant; RateLimited when it would pass a limit."""
+    async def check(self, tenant: TenantView, tokens: int, now: float | None = None) -> Charge | None:
+        """Count one request of ``tokens`` (worst case) for the tenant; RateLimited when it would pass a limit.
+        Returns what was charged, for ``settle`` (None: the tenant has no limit)."""
         limit = tenant.rate_limit
         if limit is None:
-            return
+            return None
         now = time.time() if now is None else now
         index, weight = _window(now)
         until_next = math.ceil((index + 1) * WINDOW_S - now)
@@ -94,10 +123,41 @@ class RateLimiter:
                     self._warned = True
                 parts = max(1, self._processes())
                 rpm, tpm = (math.ceil(v / parts) if v else 0 for v in (rpm, tpm))
+        in_redis = allowed is not None
         if allowed is None:
             allowed = self._check_memory(tenant.name, index, weight, ((1, rpm), (tokens, tpm)))
         if not allowed:
             raise self._refused(tenant, limit, tokens, until_next)
+        return Charge(tenant.name, index, tokens, in_redis)
+
+    def settle(self, charge: Charge, used_tokens: int, ran: bool) -> None:
+        """Once per charged request, at its end: give back the tokens it did not use, and the request itself if
+        it never ran (in the window it was charged to; nothing once that window has passed)."""
+        tokens_back, requests_back = max(0, charge.tokens - used_tokens), 0 if ran else 1
+        if not tokens_back and not requests_back:
+            return
+        if not charge.in_redis:
+            for kind, back in (("r", requests_back), ("t", tokens_back)):
+                key = (charge.tenant, kind, charge.window)
+                if back and key in self._memory:
+                    self._memory[key] = max(0, self._memory[key] - back)
+            return
+        assert self._refund is not None
+        keys = [f"{self._prefix}rl:{charge.tenant}:{kind}:{charge.window}" for kind in ("r", "t")]
+        task = asyncio.get_running_loop().create_task(self._give_back(keys, requests_back, tokens_back))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _give_back(self, keys: list[str], requests: int, tokens: int) -> None:
+        assert self._refund is not None
+        try:
+            await self._refund(keys=keys, args=[requests, tokens])
+        except Exception as exc:  # the charge stands: the limit errs on the safe side
+            log.warning("rate-limit refund failed (%s)", exc)
+
+    async def close(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _check_memory(self, name: str, index: int, weight: float, costs: tuple[tuple[int, int], ...]) -> bool:
         kinds = ("r", "t")

@@ -73,6 +73,7 @@ class Gateway:
             for task in list(self._tasks):
                 task.cancel()
             await self.spend.close()
+            await self.ratelimit.close()
             if self.ledger is not None:
                 await asyncio.to_thread(self.ledger.stop)  # flushes what is pending
             if self.cache is not None:

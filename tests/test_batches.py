@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import DEMO_KEY, PREMIUM_KEY, Proc, policy_dict, wait_for
+from tests.conftest import DEMO_KEY, FINANCE_TOKEN, PREMIUM_KEY, Proc, policy_dict, wait_for
 
 MODEL = "sim-llama-8b"
 FINAL = ("completed", "failed", "expired", "cancelled")
@@ -328,3 +328,28 @@ def test_claims_split_lines_lapse_and_come_back(batch_store: Any, tmp_path: Path
     time.sleep(0.3)  # the third owner's lease lapses (it died)
     assert {n for n, _ in s.claim(batch.id, four, 10, 60)} == {n for n, _ in again}
     assert s.unfinished(batch.id) == 9
+
+
+def test_a_batch_over_its_budget_ends_its_lines_instead_of_retrying_them(start_gateway: Callable[..., Proc],
+                                                                          sim: Proc) -> None:
+    """insufficient_quota is the line's answer, not a shed to wait out: a 20-line batch over a budget that
+    covers two lines finishes at once with error lines, writes one ledger record per line, and its lines are
+    charged against the tenant's rate limit once each (the tenant's live requests still get through)."""
+    policy = policy_dict([sim.url])
+    # a line's worst case is ~1.4e-5 USD (its ~90 bytes as prompt tokens, 8 output tokens, batch prices), its
+    # cost ~4e-6: this budget lets two or three lines run
+    policy["tenants"]["demo"]["budget"] = {"limit_usd": 0.00003, "period": "day"}
+    policy["tenants"]["demo"]["rate_limit"] = {"requests_per_minute": 25}
+    gateway = start_gateway(policy)
+    client = client_for(gateway)
+    batch = wait_final(client, submit(client, [request_line(f"r{i}", max_tokens=8) for i in range(20)]), 30)
+    assert batch.status == "completed" and batch.request_counts is not None
+    errors = read_lines(client, batch.error_file_id)
+    assert batch.request_counts.failed == len(errors) >= 15
+    assert {e["response"]["body"]["error"]["code"] for e in errors} == {"insufficient_quota"}
+    records = httpx.get(gateway.url + "/admin/ledger", params={"format": "json"}, timeout=30,
+                        headers={"Authorization": f"Bearer {FINANCE_TOKEN}"}).json()["data"]
+    assert len(records) == 20, "one record per line: no hot loop of refusals"
+    live = httpx.post(gateway.url + "/v1/chat/completions", timeout=30, headers={"authorization": f"Bearer {DEMO_KEY}"},
+                      json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    assert live.json()["error"]["code"] == "insufficient_quota", "the budget, not the rate limit, refuses it"

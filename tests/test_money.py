@@ -420,3 +420,54 @@ def test_report_bounds_at_the_calendars_edge_are_open_ends_not_errors() -> None:
     assert parse_time("9999-12-31T23:59:59-05:00", end=True) == OPEN_END
     assert parse_time("0001-01-01T00:00:00+01:00", end=False) == OPEN_START
     assert parse_time("0001-01-01", end=False) == "0001-01-01T00:00:00.000000Z"
+
+
+# -- the worst case ------------------------------------------------------------------------------------------
+
+def prepared(snap: PolicySnapshot, body: dict[str, Any], endpoint: str = "chat") -> Any:
+    async def main() -> Any:
+        ctx = RequestContext("r", snap, endpoint)
+        ctx.tenant = snap.tenants["t"]
+        return await prepare(ctx, orjson.dumps(body))
+    return asyncio.run(main())
+
+
+def test_the_worst_case_bounds_what_any_body_can_use() -> None:
+    """n and best_of, every prompt of a list, and text near one token a byte: the reserved tokens cover what the
+    engine can produce and count (the old bound, bytes / 4 + max_tokens, covered 1/113 of n=128)."""
+    from workers.sim.tokenizer import count_chat, count_text
+
+    snap = snapshot()
+    dense = "!?" * 2000  # punctuation: one token a character in the simulator's tokenizer, as near as BPE gets
+    messages = [{"role": "user", "content": dense}]
+    cases = [
+        ("chat", {"model": MODEL, "messages": messages, "max_tokens": 100}, count_chat(messages) + 100),
+        ("chat", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "n": 128},
+         count_chat([{"role": "user", "content": "hi"}]) + 100 * 128),
+        ("completions", {"model": MODEL, "prompt": ["say ." * 8] * 64, "max_tokens": 50},
+         64 * count_text("say ." * 8) + 64 * 50),
+        ("completions", {"model": MODEL, "prompt": [dense, dense], "max_tokens": 10, "n": 2, "best_of": 3},
+         2 * count_text(dense) + 2 * 3 * 10),
+        ("completions", {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 10}, 3 + 10),
+    ]
+    for endpoint, body, most in cases:
+        call = prepared(snap, body, endpoint)
+        assert call.worst_tokens >= most, (body.get("n"), call.worst_tokens, most)
+        assert call.size // 4 + call.max_output < most or body.get("prompt") == [1, 2, 3], "the old bound fell short"
+
+
+def test_a_reservation_prices_the_worst_case_and_the_anomaly_rule_the_usual_size() -> None:
+    async def main() -> None:
+        snap = snapshot(budget=1.0)
+        spend, alerts = spend_for(snap)
+        ctx = RequestContext("r", snap, "chat")
+        ctx.tenant = snap.tenants["t"]
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "n": 100}
+        call = await prepare(ctx, orjson.dumps(body))
+        await spend.admit(ctx, call)
+        june = pricing.version_on(snap.policy.prices, MODEL, datetime.now(UTC).date())
+        assert june is not None
+        worst = pricing.cost(snap.policy.prices, june, pricing.Usage(call.size, 1000), "standard", False, False)
+        assert ctx.reservation.amount == math.ceil(worst * NANO)  # type: ignore[attr-defined]
+        assert alerts.recent and alerts.recent[-1]["action"] == "alert", "1,000 output tokens: 10x the usual"
+    asyncio.run(main())

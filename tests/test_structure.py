@@ -24,7 +24,7 @@ CONTEXT_WRITERS = {
     "worker": "gateway/upstream/dispatch.py", "attempts": "gateway/upstream/dispatch.py",
     "prompt_tokens": "gateway/pipeline.py", "completion_tokens": "gateway/pipeline.py",
     "cached_tokens": "gateway/pipeline.py", "usage_estimated": "gateway/pipeline.py",
-    "reservation": "gateway/spend/service.py",
+    "reservation": "gateway/spend/service.py", "charge": "gateway/pipeline.py",
     "cost_usd": "gateway/accounting.py", "price_version": "gateway/accounting.py",
     "error": "gateway/pipeline.py",
 }

@@ -1,10 +1,12 @@
 """Spend: the cost-anomaly rule and the budget check at admission, and the settlement at finish.
 
 ``admit`` runs after the cache (a hit costs nothing to reserve) and before the scheduler (a downgrade changes
-the class). It prices the request's worst case (prompt estimate + max_tokens), applies the tenant's anomaly
-rule, then reserves the worst case against the tenant's budget: refused with 429 ``insufficient_quota`` when
-spent + reserved + this would pass the limit, so concurrent requests cannot overshoot it together, on one
-replica or many (the reservation is one atomic step in Redis). ``settle`` (from accounting, once per request)
+the class). It prices the request as usually sized (the prompt estimate + max_tokens for every sequence) for the
+tenant's anomaly rule, then reserves its true worst case (every body byte a prompt token: Call.worst_tokens)
+against the tenant's budget: refused with 429 ``insufficient_quota`` when spent + reserved + this would pass
+the limit, so concurrent requests cannot overshoot it together, whatever their bodies hold (n, best_of, a list
+of prompts, text near one token a byte), on one replica or many (the reservation is one atomic step in
+Redis): spend stays within the limit plus one request's reservation. ``settle`` (from accounting, once per request)
 swaps the reservation for the actual cost. Redis failing does not stop traffic: the budget is not enforced
 while it is down (logged and counted), and the ledger, the truth, reseeds the counter when it is back.
 """
@@ -82,20 +84,19 @@ class Spend:
             return ctx.service_class  # an unpriced model: nothing to budget or compare
         klass = ctx.service_class
 
-        def worst() -> float:
-            usage = pricing.Usage(call.prompt_estimate, call.max_output)
+        def priced(prompt: int) -> float:
+            usage = pricing.Usage(prompt, call.max_output * call.sequences)
             return pricing.cost(prices, version, usage, klass, ctx.batch is not None, False)
 
-        worst_usd = worst()
+        usual_usd = priced(call.prompt_estimate)  # the anomaly rule's measure of a request's size
         rule = tenant.anomaly
         baseline = self.baselines.baseline(tenant.name, rule)
-        if worst_usd > rule.k * baseline:
-            klass = self._anomaly(ctx, call, worst_usd, baseline, version)
-            worst_usd = worst()
+        if usual_usd > rule.k * baseline:
+            klass = self._anomaly(ctx, call, usual_usd, baseline, version)
         else:
-            self.baselines.observe(tenant.name, worst_usd)
+            self.baselines.observe(tenant.name, usual_usd)
         if tenant.budget is not None:
-            await self._reserve(ctx, tenant, tenant.budget, worst_usd, now)
+            await self._reserve(ctx, tenant, tenant.budget, priced(call.size), now)  # a bound: bytes as tokens
         return klass
 
     def _anomaly(self, ctx: RequestContext, call: Call, worst_usd: float, baseline: float,
@@ -214,7 +215,7 @@ def _fit_max_tokens(ctx: RequestContext, call: Call, allowed_usd: float, version
     prompt_only = pricing.cost(prices, version, pricing.Usage(call.prompt_estimate, 0), ctx.service_class,
                                ctx.batch is not None, False)
     per_token = pricing.cost(prices, version, pricing.Usage(0, 1_000_000), ctx.service_class,
-                             ctx.batch is not None, False) / 1_000_000
+                             ctx.batch is not None, False) / 1_000_000 * call.sequences
     if per_token <= 0:
         return None
     return max(1, min(call.max_output, int((allowed_usd - prompt_only) / per_token)))
