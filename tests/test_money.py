@@ -266,7 +266,7 @@ def test_a_reservation_bounds_concurrent_requests_and_settlement_swaps_it_for_th
     async def main() -> None:
         snap = snapshot(budget=0.01)
         spend, _ = spend_for(snap)
-        spend.baselines.observe("t", 1.0)  # a large baseline: no anomaly here
+        spend.baselines.seed("t", 1.0, 1000)  # a large baseline: no anomaly here
         first, _, _ = await admitted(spend, snap, 1000)
         second, _, _ = await admitted(spend, snap, 1000)
         with pytest.raises(OverBudget):
@@ -470,4 +470,81 @@ def test_a_reservation_prices_the_worst_case_and_the_anomaly_rule_the_usual_size
         worst = pricing.cost(snap.policy.prices, june, pricing.Usage(call.size, 1000), "standard", False, False)
         assert ctx.reservation.amount == math.ceil(worst * NANO)  # type: ignore[attr-defined]
         assert alerts.recent and alerts.recent[-1]["action"] == "alert", "1,000 output tokens: 10x the usual"
+    asyncio.run(main())
+
+
+# -- alerts under a flood ----------------------------------------------------------------------------------------
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_alerts_group_per_tenant_and_rule_and_webhooks_are_rate_limited() -> None:
+    """1,100 refused requests are one alert with a count, and one webhook; a second tenant's alert stays listed."""
+    from gateway.spend import alerts as module
+
+    async def main() -> None:
+        clock = Clock()
+        alerts = Alerts(GatewayMetrics(), None, clock=clock)
+        alerts.raise_alert("request_cost", "reject", "http://hook", tenant="quiet", worst_case_usd=1)
+        for i in range(1_100):
+            alerts.raise_alert("request_cost", "reject", "http://hook", tenant="loud", worst_case_usd=i)
+        loud = [a for a in alerts.recent if a["tenant"] == "loud"]
+        assert len(loud) == 1 and loud[0]["count"] == 1_100 and loud[0]["worst_case_usd"] == 1_099
+        assert [a["tenant"] for a in alerts.recent] == ["quiet", "loud"]
+        assert alerts._queue.qsize() == 2, "one delivery per group"
+        clock.now += module.GROUP_S
+        alerts.raise_alert("request_cost", "reject", "http://hook", tenant="loud")
+        assert [a["count"] for a in alerts.recent if a["tenant"] == "loud"] == [1_100, 1], "a new window"
+        clock.now += 60
+        before = alerts._queue.qsize()
+        for i in range(module.WEBHOOKS_PER_MINUTE + 5):  # many tenants at once
+            alerts.raise_alert("budget", "alert", "http://hook", tenant=f"t{i}")
+        hooks = [hook for _, hook in list(alerts._queue._queue)[before:]]  # type: ignore[attr-defined]
+        assert hooks.count("http://hook") == module.WEBHOOKS_PER_MINUTE, "the rest are logged, not sent"
+        for _ in range(module.KEEP_PER_TENANT + 50):  # one tenant's flood of distinct groups
+            clock.now += module.GROUP_S
+            alerts.raise_alert("spend_rate", "alert", None, tenant="loud")
+        assert any(a["tenant"] == "quiet" for a in alerts.recent), "another tenant's alerts are kept"
+    asyncio.run(main())
+
+
+def test_a_baseline_does_not_follow_a_fast_ramp() -> None:
+    """Reject above 10x the usual: stepping max_tokens up just under 10x at a time was let through to 2,000 in
+    11 requests; now each request moves the baseline by at most 2x, so the ramp is refused within a few steps."""
+    async def main() -> None:
+        snap = snapshot("reject")
+        spend, _ = spend_for(snap)
+        refused_at = None
+        for max_tokens in (1, 2, 5, 10, 25, 60, 150, 400, 900, 1500, 2000):
+            try:
+                await admitted(spend, snap, max_tokens)
+            except InvalidRequest:
+                refused_at = max_tokens
+                break
+        assert refused_at is not None and refused_at <= 400, refused_at
+    asyncio.run(main())
+
+
+def test_a_restarted_process_seeds_each_tenants_baseline_from_the_ledger() -> None:
+    class Ledger:
+        def __init__(self) -> None:
+            self.queries = 0
+
+        def totals(self, start: str, end: str, group_by: list[str], tenant: str | None) -> list[dict[str, Any]]:
+            self.queries += 1
+            return [{"requests": 2000, "cost_usd": 2000 * 0.002}]
+
+    async def main() -> None:
+        snap = snapshot("reject")
+        ledger = Ledger()
+        spend = Spend(GatewayMetrics(), Alerts(GatewayMetrics(), None), ledger)  # type: ignore[arg-type]
+        await asyncio.gather(*(admitted(spend, snap, 4000) for _ in range(5)))  # 0.016 USD: under 10 x 0.002
+        assert ledger.queries == 1, "one query per tenant, shared by its first requests"
+        baseline = spend.baselines.baseline("t", snap.tenants["t"].anomaly)
+        assert 0.002 < baseline < 0.003, "seeded at 0.002, then moved a little by five requests of 0.016"
     asyncio.run(main())

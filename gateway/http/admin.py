@@ -12,6 +12,7 @@ from gateway.errors import Conflict, InvalidRequest, Unavailable
 from gateway.http.guards import gateway_of, require_admin
 from gateway.http.responses import json_response
 from gateway.policy.loader import PolicyError
+from gateway.spend.alerts import public
 
 
 async def put_policy(request: Request) -> Response:
@@ -62,7 +63,7 @@ async def anomalies(request: Request) -> Response:
     """Recent alerts (cost anomalies, spend rate, budget thresholds), newest first; ?tenant= &kind= filter."""
     require_admin(request)
     q = request.query_params
-    found = [a for a in reversed(gateway_of(request).alerts.recent)
+    found = [public(a) for a in reversed(gateway_of(request).alerts.recent)
              if (not q.get("tenant") or a.get("tenant") == q["tenant"])
              and (not q.get("kind") or a["kind"] == q["kind"])]
     return json_response({"object": "list", "data": found})

@@ -24,6 +24,7 @@ from gateway.http.reports import sum_rows, with_rates
 from gateway.ledger.stores import OPEN_END, LedgerStore
 from gateway.ledger.times import period_start, sortable
 from gateway.runtime import Gateway
+from gateway.spend.alerts import public
 
 COLORS = ("#3b6ea5", "#e07b39", "#4f9d69", "#b5485d", "#7d5ba6", "#c9a227", "#3a9ca6", "#8c6d46")
 STYLE = """
@@ -48,7 +49,7 @@ async def page(request: Request) -> Response:
     days = request.query_params.get("days", "30")
     days_n = int(days) if days.isdigit() and 1 <= int(days) <= 366 else 30
     data = await asyncio.to_thread(_gather, gw.ledger.store, gw, days_n)
-    return HTMLResponse(_dashboard(data, days_n, list(gw.alerts.recent)[-20:][::-1]))
+    return HTMLResponse(_dashboard(data, days_n, [public(a) for a in gw.alerts.recent[-20:][::-1]]))
 
 
 async def login(request: Request) -> Response:

@@ -4,7 +4,11 @@ Per request: its worst-case cost (prompt estimate + max_tokens, priced) against 
 worst-case cost of its recent requests. Like is compared with like: the actual cost is only known at the end,
 and a tenant that routinely asks for long answers has a high baseline of its own. Until a tenant has
 ``min_samples`` requests the rule's default baseline stands in. Anomalous requests do not move the baseline,
-so a burst of them keeps being caught.
+so a burst of them keeps being caught, and no request moves it by more than twice the baseline (``RAMP``): a
+tenant stepping max_tokens up from 1 to 2,000 just under k x each time, which a plain mean follows in a dozen
+requests, takes over a hundred to get there. A process that starts (or restarts) seeds each tenant's baseline
+from the ledger's last day of its requests (their actual cost: a little under their usual worst case, so the
+rule errs on the side of noticing).
 
 Spend rate: the current UTC hour's spend over ``k`` times the tenant's mean hourly spend of the previous hours
 (at least three of them with spend), alerted once per hour.
@@ -17,6 +21,7 @@ from dataclasses import dataclass, field
 from gateway.policy.schema import AnomalyRule
 
 ALPHA = 0.05  # EWMA weight: about the last 20-40 requests
+RAMP = 2.0  # no request counts as more than this many baselines
 HOURS = 24
 
 
@@ -43,7 +48,16 @@ class Baselines:
             return rule.default_baseline_usd
         return mean.value
 
-    def observe(self, tenant: str, worst_usd: float) -> None:
+    def known(self, tenant: str) -> bool:
+        return tenant in self._means
+
+    def seed(self, tenant: str, mean_usd: float, samples: int) -> None:
+        """Start a tenant from what the ledger says its requests cost (a restart keeps the rule's memory)."""
+        if tenant not in self._means:
+            self._means[tenant] = _Mean(mean_usd, samples)
+
+    def observe(self, tenant: str, worst_usd: float, rule: AnomalyRule) -> None:
+        worst_usd = min(worst_usd, RAMP * self.baseline(tenant, rule))
         mean = self._means.setdefault(tenant, _Mean())
         mean.samples += 1
         # a plain mean while warming up, then an exponentially weighted one

@@ -70,6 +70,7 @@ class Spend:
         self.counters: Counters = (RedisCounters(state) if state is not None and state.redis is not None
                                    else MemoryCounters())
         self._alerted: set[str] = set()  # period keys whose soft alert went out (this replica)
+        self._seeding: dict[str, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def admit(self, ctx: RequestContext, call: Call) -> str:
@@ -90,11 +91,13 @@ class Spend:
 
         usual_usd = priced(call.prompt_estimate)  # the anomaly rule's measure of a request's size
         rule = tenant.anomaly
+        if not self.baselines.known(tenant.name):
+            await self._seed_baseline(tenant.name, now)
         baseline = self.baselines.baseline(tenant.name, rule)
         if usual_usd > rule.k * baseline:
             klass = self._anomaly(ctx, call, usual_usd, baseline, version)
         else:
-            self.baselines.observe(tenant.name, usual_usd)
+            self.baselines.observe(tenant.name, usual_usd, rule)
         if tenant.budget is not None:
             await self._reserve(ctx, tenant, tenant.budget, priced(call.size), now)  # a bound: bytes as tokens
         return klass
@@ -144,6 +147,28 @@ class Spend:
                            "requests in flight); this request could cost up to "
                            f"${worst_usd:.6f}.")
         ctx.reservation = Reservation(key, rid, amount, budget)
+
+    async def _seed_baseline(self, tenant: str, now: float) -> None:
+        """A tenant first seen by this process: its baseline from the ledger's last day (once; concurrent first
+        requests share the one query)."""
+        pending = self._seeding.get(tenant)
+        if pending is None:
+            pending = self._seeding[tenant] = asyncio.ensure_future(self._baseline_from_ledger(tenant, now))
+        try:
+            await asyncio.shield(pending)
+        except Exception as exc:  # no ledger answer: the rule's default baseline stands in until it learns
+            log.warning("anomaly baseline for %s not seeded from the ledger: %s", tenant, exc)
+        finally:
+            self._seeding.pop(tenant, None)
+            self.baselines.seed(tenant, 0.0, 0)  # known from now on, seeded or not
+
+    async def _baseline_from_ledger(self, tenant: str, now: float) -> None:
+        if self.ledger is None:
+            return
+        day_ago = times.at(now - 86_400)
+        rows = await asyncio.to_thread(self.ledger.totals, day_ago, OPEN_END, [], tenant)
+        if rows and rows[0]["requests"] and rows[0]["cost_usd"]:
+            self.baselines.seed(tenant, rows[0]["cost_usd"] / rows[0]["requests"], int(rows[0]["requests"]))
 
     async def _seed(self, tenant: str, budget: Budget, now: float) -> int:
         """The period's spend so far, from the ledger (the truth when the counter is new or was lost)."""
