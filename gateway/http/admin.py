@@ -9,16 +9,18 @@ from starlette.routing import Route
 
 from gateway.cache.store import StoreUnavailable
 from gateway.errors import Conflict, InvalidRequest, Unavailable
+from gateway.http.asgi import read_body, request_headers
 from gateway.http.guards import gateway_of, require_admin
 from gateway.http.responses import json_response
-from gateway.policy.loader import PolicyError
+from gateway.policy.loader import MAX_POLICY_BYTES, PolicyError
 from gateway.spend.alerts import public
 
 
 async def put_policy(request: Request) -> Response:
     require_admin(request)
     store = gateway_of(request).store
-    text = (await request.body()).decode("utf-8", errors="replace")
+    raw = await read_body(request.receive, request_headers(request.scope), MAX_POLICY_BYTES)
+    text = raw.decode("utf-8", errors="replace")
     try:
         changes = await store.apply_text(text)
     except PolicyError as exc:
