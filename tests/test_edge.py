@@ -102,3 +102,64 @@ def test_every_guarded_route_answers_in_the_openai_shape() -> None:
     assert codes["GET /admin/reports/costs ['authorization']"] in ("forbidden", "ledger_disabled")
     assert codes["two keys"] == codes["two keys on the finance page"] == "duplicate_header"
     assert all(set(body["error"]) >= {"message", "type", "param", "code"} for _, s, body in seen if s >= 400)
+
+
+def test_the_finance_sign_in_is_a_session_not_the_token() -> None:
+    """The cookie is signed, expiring and revocable; Secure behind a trusted TLS proxy; the form is small; a
+    sign-in from another site's page is refused."""
+    from gateway.http.sessions import COOKIE
+
+    async def main() -> None:
+        async with app_client() as client:
+            big = await client.post("/reports/login", content=b"token=" + b"x" * 5_000_000,
+                                    headers={"content-type": "application/x-www-form-urlencoded"})
+            assert big.status_code == 413
+            foreign = await client.post("/reports/login", data={"token": FINANCE_TOKEN},
+                                        headers={"origin": "https://evil.example"})
+            assert foreign.status_code == 403 and foreign.json()["error"]["code"] == "cross_origin"
+            wrong = await client.post("/reports/login", data={"token": "tg-guess"})
+            assert wrong.status_code == 401 and COOKIE not in wrong.cookies
+
+            signed = await client.post("/reports/login", data={"token": FINANCE_TOKEN},
+                                       headers={"origin": "http://gateway"})
+            assert signed.status_code == 303
+            header = signed.headers["set-cookie"]
+            session = signed.cookies[COOKIE]
+            assert FINANCE_TOKEN not in header and session.startswith("finance.")
+            assert "HttpOnly" in header and "SameSite=strict" in header and "Secure" not in header
+            assert "Max-Age=28800" in header
+            behind_tls = await client.post("/reports/login", data={"token": ADMIN_TOKEN},
+                                           headers={"x-forwarded-proto": "https"})
+            assert "Secure" in behind_tls.headers["set-cookie"], "127.0.0.1 is a trusted proxy by default"
+
+            client.cookies.clear()
+            reads = await client.get("/admin/reports/costs", headers={"cookie": f"{COOKIE}={session}"})
+            assert reads.status_code == 409, "the session reads reports (this app has no ledger)"
+            forged = session[:-4] + ("0000" if not session.endswith("0000") else "1111")
+            assert (await client.get("/admin/reports/costs", headers={"cookie": f"{COOKIE}={forged}"})).status_code == 401
+            assert (await client.get("/admin/reports/costs", headers={"cookie": f"{COOKIE}={FINANCE_TOKEN}"})).status_code == 401, \
+                "the raw token is no session"
+            out = await client.post("/reports/logout", headers={"cookie": f"{COOKIE}={session}"})
+            assert out.status_code == 303
+            client.cookies.clear()
+            assert (await client.get("/admin/reports/costs", headers={"cookie": f"{COOKIE}={session}"})).status_code == 401, \
+                "signed out"
+    asyncio.run(main())
+
+
+def test_a_session_ends_when_it_expires_or_its_token_is_rotated() -> None:
+    from gateway.auth import hash_key
+    from gateway.http.sessions import Sessions
+
+    async def main() -> None:
+        policy = policy_dict(["http://127.0.0.1:9"])
+        snapshot = PolicySnapshot.build(Policy.model_validate(policy), "test")
+        sessions = Sessions(None, None)
+        cookie = sessions.issue(snapshot, "finance", now=1_000.0)
+        assert await sessions.role(snapshot, cookie, now=1_000.0 + 3600) == "finance"
+        assert await sessions.role(snapshot, cookie, now=1_000.0 + 8 * 3600 + 1) is None, "expired"
+        policy["server"]["finance_token_sha256"] = "sha256:" + hash_key("tg-rotated")
+        rotated = PolicySnapshot.build(Policy.model_validate(policy), "test")
+        assert await sessions.role(rotated, cookie, now=1_000.0) is None, "the token it was made with is gone"
+        assert await Sessions(None, None).role(snapshot, cookie, now=1_000.0) is None, "another key: not ours"
+    asyncio.run(main())

@@ -27,6 +27,7 @@ from gateway.http import admin, batch_api, errors, reports, reports_page
 from gateway.http.asgi import AsgiSink, Receive, Scope, Send, read_body, request_headers, until_disconnect
 from gateway.http.guards import gateway_of, require_metrics_reader, tenant_of
 from gateway.http.responses import json_response
+from gateway.http.sessions import Sessions
 from gateway.ledger import open_ledger
 from gateway.openai_api import PATHS
 from gateway.policy.loader import PolicyStore
@@ -114,9 +115,12 @@ def create_app(store: PolicyStore, data_dir: Path | None = None, share: Share = 
                           owner=f"{socket.gethostname()}:{data_dir.resolve()}:{share.index}")
               if data_dir is not None else None)
 
+    sessions = Sessions(data_dir, gw.state)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: object) -> AsyncIterator[None]:
         async with gw.lifespan():
+            await sessions.start()
             if runner is None:
                 yield
                 return
@@ -145,6 +149,7 @@ def create_app(store: PolicyStore, data_dir: Path | None = None, share: Share = 
     )
     app.state.gateway = gw
     app.state.batches = runner
+    app.state.sessions = sessions
     return HotPaths(app, endpoints, gw)
 
 

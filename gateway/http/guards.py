@@ -8,10 +8,9 @@ from starlette.requests import Request
 from gateway.auth import identify, is_admin, token_matches
 from gateway.errors import NotAuthenticated, NotPermitted
 from gateway.http.asgi import request_headers
+from gateway.http.sessions import COOKIE, Sessions
 from gateway.policy.loader import PolicySnapshot, TenantView
 from gateway.runtime import Gateway
-
-COOKIE = "tollgate_reports"  # the finance page's sign-in (gateway.http.reports_page)
 
 
 def gateway_of(request: Request) -> Gateway:
@@ -36,23 +35,28 @@ def require_admin(request: Request) -> None:
         raise NotAuthenticated("A valid admin token is required.", "invalid_admin_token")
 
 
-def reads_reports(request: Request, snapshot: PolicySnapshot, token: str | None = None) -> bool:
-    """Does the caller hold the finance or admin token (as a bearer, the page's cookie, or ``token``)?"""
-    candidates: list[bytes | None] = []
-    if token is not None:
-        candidates.append(b"Bearer " + token.encode())
-    else:
-        candidates.append(authorization(request))
-        if cookie := request.cookies.get(COOKIE):
-            candidates.append(b"Bearer " + cookie.encode())
-    finance = snapshot.policy.server.finance_token_sha256
-    return any(token_matches(c, finance) or is_admin(c, snapshot) for c in candidates)
+def sessions_of(request: Request) -> Sessions:
+    return request.app.state.sessions  # type: ignore[no-any-return]
 
 
-def require_reader(request: Request) -> None:
+def holds_report_token(authorization: bytes | None, snapshot: PolicySnapshot) -> bool:
+    """The finance or the admin token, as a bearer."""
+    return token_matches(authorization, snapshot.policy.server.finance_token_sha256) or \
+        is_admin(authorization, snapshot)
+
+
+async def reads_reports(request: Request, snapshot: PolicySnapshot) -> bool:
+    """Does the caller hold the finance or admin token, as a bearer or through a sign-in session?"""
+    if holds_report_token(authorization(request), snapshot):
+        return True
+    cookie = request.cookies.get(COOKIE)
+    return cookie is not None and await sessions_of(request).role(snapshot, cookie) is not None
+
+
+async def require_reader(request: Request) -> None:
     """The finance or admin token; a tenant's own key is told where its totals are."""
     snapshot = gateway_of(request).store.current
-    if reads_reports(request, snapshot):
+    if await reads_reports(request, snapshot):
         return
     try:
         identify(authorization(request), snapshot)

@@ -40,7 +40,7 @@ def ledger_store(request: Request) -> LedgerStore:
 
 
 async def costs(request: Request) -> Response:
-    require_reader(request)
+    await require_reader(request)
     start, end = time_range(request)
     group_by = parse_groups(request.query_params.get("group_by", "tenant"))
     fmt = parse_format(request)
@@ -54,7 +54,7 @@ async def costs(request: Request) -> Response:
 
 
 async def ledger(request: Request) -> Response:
-    require_reader(request)
+    await require_reader(request)
     start, end = time_range(request)
     fmt = parse_format(request)
     pages = _pages(ledger_store(request), start, end, request.query_params.get("tenant"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.parse
 from datetime import UTC, datetime, timedelta
 from html import escape
 from typing import Any
@@ -19,13 +20,18 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from gateway.http.guards import COOKIE, gateway_of, reads_reports
+from gateway.auth import is_admin
+from gateway.errors import InvalidRequest, NotPermitted
+from gateway.http.asgi import read_body, request_headers
+from gateway.http.guards import gateway_of, holds_report_token, reads_reports, sessions_of
 from gateway.http.reports import sum_rows, with_rates
+from gateway.http.sessions import COOKIE, over_tls, same_origin
 from gateway.ledger.stores import OPEN_END, LedgerStore
 from gateway.ledger.times import period_start, sortable
 from gateway.runtime import Gateway
 from gateway.spend.alerts import public
 
+LOGIN_BYTES = 4096
 COLORS = ("#3b6ea5", "#e07b39", "#4f9d69", "#b5485d", "#7d5ba6", "#c9a227", "#3a9ca6", "#8c6d46")
 STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1d2330;background:#f7f8fa}
@@ -41,7 +47,7 @@ margin-right:4px}form.login{background:#fff;border:1px solid #dde1e8;padding:16p
 
 async def page(request: Request) -> Response:
     gw = gateway_of(request)
-    if not reads_reports(request, gw.store.current):
+    if not await reads_reports(request, gw.store.current):
         return _login()
     if gw.ledger is None:
         return HTMLResponse(_html("Tollgate costs", "<p>The ledger is not enabled: start the gateway with a "
@@ -53,17 +59,34 @@ async def page(request: Request) -> Response:
 
 
 async def login(request: Request) -> Response:
-    form = await request.form(max_files=0, max_fields=4)
-    token = str(form.get("token") or "")
-    if not reads_reports(request, gateway_of(request).store.current, token):
+    """Trade the finance or admin token for a session. The form is read from at most LOGIN_BYTES (no one signs
+    in with more), and a POST from another site's page is refused."""
+    if not same_origin(request):
+        raise NotPermitted("Sign in from this gateway's own page.", "cross_origin")
+    raw = await read_body(request.receive, request_headers(request.scope), LOGIN_BYTES)
+    try:
+        form = urllib.parse.parse_qs(raw.decode("latin-1"), max_num_fields=4)
+    except ValueError:
+        raise InvalidRequest("The sign-in form has too many fields.", "invalid_form") from None
+    token = (form.get("token") or [""])[0]
+    snapshot = gateway_of(request).store.current
+    authorization = b"Bearer " + token.encode("latin-1", "replace")
+    role = "admin" if is_admin(authorization, snapshot) else "finance" if holds_report_token(
+        authorization, snapshot) else None
+    if role is None:
         return _login("That token does not open the reports.", 401)
     response = RedirectResponse("/reports", 303)
-    response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/",
-                        secure=request.url.scheme == "https")
+    policy = snapshot.policy.server
+    response.set_cookie(COOKIE, sessions_of(request).issue(snapshot, role), max_age=int(policy.session_s),
+                        httponly=True, samesite="strict", path="/",
+                        secure=over_tls(request, policy.trusted_proxies))  # type: ignore[arg-type]
     return response
 
 
 async def logout(request: Request) -> Response:
+    if not same_origin(request):
+        raise NotPermitted("Sign out from this gateway's own page.", "cross_origin")
+    await sessions_of(request).revoke(request.cookies.get(COOKIE))
     response = RedirectResponse("/reports", 303)
     response.delete_cookie(COOKIE, path="/")
     return response

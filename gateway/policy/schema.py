@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import re
 from datetime import date
+from ipaddress import IPv4Network, IPv6Network
 from typing import Annotated, Literal
 
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, IPvAnyNetwork, field_validator
 
 Tier = Literal["premium", "standard", "batch"]
 TIERS: tuple[Tier, ...] = ("premium", "standard", "batch")
@@ -141,6 +142,10 @@ class Server(Strict):
     max_connections: int = Field(4096, ge=1, description="concurrent connections (and requests); more get 503")
     tenant_max_concurrency: int = Field(512, ge=1, description="requests in flight per tenant; more get 429")
     shutdown_grace_s: float = Field(30.0, ge=0, description="on SIGTERM, how long answers in flight may take")
+    session_s: float = Field(8 * 3600, ge=60, le=30 * 86400, description="how long a finance page sign-in lasts")
+    trusted_proxies: list[IPvAnyNetwork] = Field(
+        default_factory=lambda: [IPv4Network("127.0.0.0/8"), IPv6Network("::1/128")],
+        description="proxies whose X-Forwarded-Proto is believed (the sign-in cookie is Secure behind TLS)")
 
     @field_validator("admin_token_sha256", "metrics_token_sha256", "finance_token_sha256")
     @classmethod

@@ -1,0 +1,162 @@
+"""Sign-in sessions for the finance page: a signed, expiring, revocable cookie, never the token itself.
+
+A session is ``<role>.<token id>.<expires>.<nonce>.<signature>``: the role (finance or admin), the first hex
+digits of that role's token hash in the policy (rotating the token ends every session made with the old one),
+a Unix expiry (``server.session_s``), a random nonce (what a sign-out revokes) and an HMAC over the rest. The
+key is a secret of the gateway's own, never derived from the policy (which anyone who reads it could then
+use): kept in Redis when replicas share state, else in the data directory (so the processes of one host
+agree), else made per process. A sign-out's nonce is remembered until the session would have expired, in
+Redis or in this process.
+
+The cookie is HttpOnly, SameSite=Strict, and Secure when the request came over TLS, directly or through a
+proxy in ``server.trusted_proxies`` that says so in ``X-Forwarded-Proto``. A sign-in POST whose ``Origin``
+names another site is refused (a login form on another site cannot sign a browser in).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import logging
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+
+from gateway.policy.loader import PolicySnapshot
+
+if TYPE_CHECKING:
+    from gateway.state import SharedState
+
+log = logging.getLogger("tollgate.sessions")
+COOKIE = "tollgate_session"
+ROLES = ("finance", "admin")
+
+
+def role_hash(snapshot: PolicySnapshot, role: str) -> str | None:
+    server = snapshot.policy.server
+    return server.finance_token_sha256 if role == "finance" else server.admin_token_sha256
+
+
+class Sessions:
+    def __init__(self, data_dir: Path | None, state: SharedState | None) -> None:
+        self._state = state
+        self._key = self._local_key(data_dir)
+        self._revoked: dict[str, float] = {}  # nonce -> when its session would have expired
+
+    @staticmethod
+    def _local_key(data_dir: Path | None) -> bytes:
+        if data_dir is None:
+            return secrets.token_bytes(32)
+        path = data_dir / "session.key"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            key = path.read_bytes()
+            if len(key) == 32:
+                return key
+            path.unlink(missing_ok=True)  # a torn write: make a new one (its sessions are lost, nothing else)
+            return Sessions._local_key(data_dir)
+        key = secrets.token_bytes(32)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key)
+        return key
+
+    async def start(self) -> None:
+        """With shared state: every replica takes the one key in Redis (the first to start makes it)."""
+        redis = self._state.redis if self._state is not None else None
+        if redis is None:
+            return
+        try:
+            name = self._state.prefix + "session-key"  # type: ignore[union-attr]
+            await redis.set(name, self._key, nx=True)
+            shared = await redis.get(name)
+            if isinstance(shared, bytes) and len(shared) == 32:
+                self._key = shared
+        except Exception as exc:  # sessions then hold on this host only, until a restart finds Redis
+            log.error("session key not shared through Redis (%s): sign-ins hold on this host only", exc)
+
+    def issue(self, snapshot: PolicySnapshot, role: str, now: float | None = None) -> str:
+        expected = role_hash(snapshot, role)
+        assert expected is not None
+        expires = int((time.time() if now is None else now) + snapshot.policy.server.session_s)
+        payload = f"{role}.{_token_id(expected)}.{expires}.{secrets.token_urlsafe(12)}"
+        return f"{payload}.{self._sign(payload)}"
+
+    async def role(self, snapshot: PolicySnapshot, cookie: str | None, now: float | None = None) -> str | None:
+        """The role a session cookie holds now, or None (forged, expired, signed out, or its token rotated)."""
+        if not cookie or len(cookie) > 256:
+            return None
+        payload, _, signature = cookie.rpartition(".")
+        parts = payload.split(".")
+        if len(parts) != 4 or not hmac.compare_digest(signature, self._sign(payload)):
+            return None
+        role, token_id, expires, nonce = parts
+        expected = role_hash(snapshot, role) if role in ROLES else None
+        if expected is None or not hmac.compare_digest(token_id, _token_id(expected)):
+            return None
+        if not expires.isdigit() or int(expires) <= (time.time() if now is None else now):
+            return None
+        return None if await self._is_revoked(nonce) else role
+
+    async def revoke(self, cookie: str | None) -> None:
+        """Sign-out: the session's nonce stays refused until it would have expired."""
+        parts = (cookie or "").split(".")
+        if len(parts) != 5 or not parts[2].isdigit():
+            return
+        nonce, expires = parts[3], int(parts[2])
+        now = time.time()
+        self._revoked = {n: t for n, t in self._revoked.items() if t > now}
+        self._revoked[nonce] = expires
+        redis = self._state.redis if self._state is not None else None
+        if redis is not None and expires > now:
+            try:
+                await redis.set(self._state.prefix + "revoked:" + nonce, 1,  # type: ignore[union-attr]
+                                ex=int(expires - now) + 1)
+            except Exception as exc:
+                log.error("sign-out not shared through Redis (%s): it holds on this process only", exc)
+
+    async def _is_revoked(self, nonce: str) -> bool:
+        if nonce in self._revoked:
+            return True
+        redis = self._state.redis if self._state is not None else None
+        if redis is None:
+            return False
+        try:
+            return bool(await redis.exists(self._state.prefix + "revoked:" + nonce))  # type: ignore[union-attr]
+        except Exception:  # Redis down: this process's own sign-outs still hold
+            return False
+
+    def _sign(self, payload: str) -> str:
+        return hmac.new(self._key, payload.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def _token_id(token_hash: str) -> str:
+    return token_hash.removeprefix("sha256:")[:12]
+
+
+def over_tls(request: Request, trusted: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:
+    """Did the client reach us over TLS? Directly, or through a trusted proxy that says so."""
+    if request.url.scheme == "https":
+        return True
+    client = request.client.host if request.client else None
+    if client is None or request.headers.get("x-forwarded-proto", "").lower() != "https":
+        return False
+    try:
+        address = ipaddress.ip_address(client)
+    except ValueError:
+        return False
+    return any(address in network for network in trusted)
+
+
+def same_origin(request: Request) -> bool:
+    """A POST's Origin (when the browser sends one) names this site."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    host = request.headers.get("host", "")
+    return origin.lower().split("://", 1)[-1].rstrip("/") == host.lower()
