@@ -108,6 +108,12 @@ class Unavailable(TryLater):
     code = "upstream_unavailable"
 
 
+class QuotaExceeded(GatewayError):
+    """The tenant keeps as many files, or bytes of them, as it may: delete some (or wait for them to expire)."""
+
+    code = "file_quota_exceeded"
+
+
 class OverBudget(GatewayError):
     """The tenant's budget for the period cannot cover this request's worst case. Not ``TryLater``: it does
     not pass until the period turns or the budget grows, so a batch line ends instead of retrying."""

@@ -111,3 +111,50 @@ def test_validation_is_one_processs_at_a_time_and_not_retried_forever(tmp_path: 
         assert store.get_batch(batch.id).status == "in_progress"  # type: ignore[union-attr]
     finally:
         store.close()
+
+
+def test_the_line_gate_shares_its_slots_between_tenants() -> None:
+    """A tenant with many lines waiting does not crowd out one with few: a freed slot goes to the waiting
+    tenant that holds the fewest."""
+    import asyncio
+
+    from gateway.batches.runner import Gate
+
+    async def main() -> list[str]:
+        gate, order = Gate(), []
+        release = asyncio.Event()
+
+        async def line(tenant: str) -> None:
+            async with gate.slot(tenant, 2):
+                order.append(tenant)
+                await release.wait()
+                release.clear()
+
+        tasks = [asyncio.ensure_future(line("big")) for _ in range(12)]
+        await asyncio.sleep(0)
+        tasks += [asyncio.ensure_future(line("small")) for _ in range(3)]
+        while len(order) < 15:
+            await asyncio.sleep(0)
+            release.set()
+        await asyncio.gather(*tasks)
+        return order
+
+    order = asyncio.run(main())
+    assert order[:2] == ["big", "big"], "the first come take the free slots"
+    assert max(i for i, t in enumerate(order) if t == "small") <= 6, ("first come, first served would start "
+                                                                      "them last, at 12 to 14", order)
+
+
+def test_files_expire_unless_an_active_batch_reads_them(tmp_path: Path) -> None:
+    import time as clock
+    store = SqliteBatchStore(tmp_path)
+    try:
+        old = store.add_file("t", "batch", "old.jsonl", lines=[line("a")])
+        read = store.add_file("t", "batch", "read.jsonl", lines=[line("a")])
+        store.create_batch("t", URL, read.id, "24h", None)
+        assert store.tenant_usage("t") == (2, old.bytes + read.bytes)
+        assert store.expire_files(clock.time() + 10) == 1, "the one an active batch reads is kept"
+        assert store.get_file("t", old.id) is None and store.get_file("t", read.id) is not None
+        assert not store.file_path(old.id).exists()
+    finally:
+        store.close()

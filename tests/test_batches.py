@@ -353,3 +353,58 @@ def test_a_batch_over_its_budget_ends_its_lines_instead_of_retrying_them(start_g
     live = httpx.post(gateway.url + "/v1/chat/completions", timeout=30, headers={"authorization": f"Bearer {DEMO_KEY}"},
                       json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
     assert live.json()["error"]["code"] == "insufficient_quota", "the budget, not the rate limit, refuses it"
+
+
+def test_a_tenants_files_are_bounded(start_gateway: Callable[..., Proc], sim: Proc) -> None:
+    policy = policy_dict([sim.url])
+    policy["batches"] = {"tenant_files": 2, "tenant_bytes": 4096}
+    gateway = start_gateway(policy)
+    client = client_for(gateway)
+    for i in range(2):
+        client.files.create(file=(f"f{i}.jsonl", io.BytesIO(jsonl([request_line("a")]))), purpose="batch")
+    with pytest.raises(openai.RateLimitError) as third:
+        client.files.create(file=("f2.jsonl", io.BytesIO(jsonl([request_line("a")]))), purpose="batch")
+    assert third.value.code == "file_quota_exceeded"
+    other = client_for(gateway, PREMIUM_KEY)
+    other.files.create(file=("mine.jsonl", io.BytesIO(jsonl([request_line("a")]))), purpose="batch")
+    client.files.delete(client.files.list().data[0].id)
+    big = jsonl([request_line(f"r{i}", "x" * 400) for i in range(10)])  # over 4,096 bytes
+    with pytest.raises(openai.RateLimitError):
+        client.files.create(file=("big.jsonl", io.BytesIO(big)), purpose="batch")
+    client.files.create(file=("f3.jsonl", io.BytesIO(jsonl([request_line("a")]))), purpose="batch")
+
+
+def test_an_upload_slower_than_the_body_timeout_goes_through_and_a_trickle_does_not(
+        start_gateway: Callable[..., Proc], sim: Proc) -> None:
+    """The body timeout (2 s here) holds for every 64 KiB an upload delivers, not for the whole file."""
+    import socket
+
+    policy = policy_dict([sim.url])
+    policy["server"]["body_timeout_s"] = 2.0
+    gateway = start_gateway(policy)
+    content = jsonl([request_line(f"r{i}", "y" * 900) for i in range(500)])  # ~0.5 MB
+    boundary = "tollgate-test"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n"
+            "Content-Type: application/jsonl\r\n\r\n").encode() + content + f"\r\n--{boundary}--\r\n".encode()
+    head = (f"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {DEMO_KEY}\r\n"
+            f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+
+    def send(pieces: int, pause_s: float, upto: int | None = None) -> bytes:
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as s:
+            s.sendall(head)
+            step = len(body) // pieces
+            for i in range(pieces):
+                if upto is not None and i * step >= upto:
+                    break
+                try:
+                    s.sendall(body[i * step:(i + 1) * step if i < pieces - 1 else len(body)])
+                except OSError:
+                    break
+                time.sleep(pause_s)  # the client's own pace: this test is about a slow sender
+            return s.recv(65536)
+
+    slow = send(pieces=8, pause_s=0.7)  # ~5.6 s in all, 64 KiB a piece: each piece moves the deadline
+    assert slow.startswith(b"HTTP/1.1 200"), slow[:200]
+    trickle = send(pieces=len(body) // 100, pause_s=0.05, upto=60_000)  # 2 KB/s: under 64 KiB in 2 s
+    assert trickle.startswith(b"HTTP/1.1 408"), trickle[:200]

@@ -22,6 +22,7 @@ that stops cleanly gives them back.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -44,25 +45,64 @@ LINES_PER_INSERT = 2_000
 
 
 class Gate:
-    """At most ``limit()`` holders at once; the limit is read on each entry, so a policy reload applies."""
+    """At most ``limit`` lines out at once over all batches, shared between tenants: a free slot goes to the
+    waiting tenant that holds the fewest, so a tenant with ten batches of 200 lines does not take ten times the
+    share of one with a single batch (measured before: 4% of the lines, 3.5x slower). FIFO inside a tenant.
+    The limit is read on each entry and release, so a policy reload applies."""
 
     def __init__(self) -> None:
         self.used = 0
-        self._changed = asyncio.Condition()
+        self.held: collections.Counter[str] = collections.Counter()
+        self._waiting: dict[str, collections.deque[asyncio.Future[None]]] = {}
 
     @contextlib.asynccontextmanager
-    async def slot(self, limit: int) -> AsyncIterator[None]:
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.used < limit)
-            self.used += 1
+    async def slot(self, tenant: str, limit: int) -> AsyncIterator[None]:
+        if self.used < limit and not self._waiting:
+            self._take(tenant)
+        else:
+            turn = asyncio.get_running_loop().create_future()
+            self._waiting.setdefault(tenant, collections.deque()).append(turn)
+            try:
+                await turn
+            except asyncio.CancelledError:
+                if turn.done() and not turn.cancelled():  # granted as it was cancelled: pass the slot on
+                    self._give(tenant, limit)
+                else:
+                    self._forget(tenant, turn)
+                raise
         try:
             yield
         finally:
-            self.used -= 1
-            async with self._changed:
-                self._changed.notify()
+            self._give(tenant, limit)
+
+    def _take(self, tenant: str) -> None:
+        self.used += 1
+        self.held[tenant] += 1
+
+    def _give(self, tenant: str, limit: int) -> None:
+        self.used -= 1
+        self.held[tenant] -= 1
+        if self.held[tenant] <= 0:
+            del self.held[tenant]
+        while self.used < limit and self._waiting:
+            fewest = min(self._waiting, key=lambda t: self.held.get(t, 0))
+            queue = self._waiting[fewest]
+            turn = queue.popleft()
+            if not queue:
+                del self._waiting[fewest]
+            if not turn.done():
+                self._take(fewest)
+                turn.set_result(None)
+
+    def _forget(self, tenant: str, turn: asyncio.Future[None]) -> None:
+        queue = self._waiting.get(tenant)
+        if queue is not None and turn in queue:
+            queue.remove(turn)
+            if not queue:
+                del self._waiting[tenant]
 
 
+SWEEP_S = 3600.0  # how often files past batches.file_ttl_s are deleted
 POLL_S = 2.0  # how often a process looks for batches created or cancelled by the others, and for lapsed claims
 
 
@@ -84,12 +124,17 @@ class BatchRunner:
         self._background = [loop.create_task(self._poll()), loop.create_task(self._renew())]
 
     async def _poll(self) -> None:
-        released, failing = False, False
+        released, failing, swept_at = False, False, 0.0
         while True:
             try:
                 if not released:
                     await self.store.do(self.store.release, self.owner)  # what it held before a crash
                     released = True
+                if time.monotonic() - swept_at >= SWEEP_S:
+                    ttl = self.gw.store.current.policy.batches.file_ttl_s
+                    if gone := await self.store.do(self.store.expire_files, time.time() - ttl):
+                        log.info("%d batch files expired", gone)
+                    swept_at = time.monotonic()
                 for batch_id in await self.store.do(self.store.active_batches):
                     if batch_id not in self._drivers:
                         self.drive(batch_id)
@@ -265,7 +310,8 @@ class BatchRunner:
         """One claimed line to its checkpoint, waiting out sheds and retrying worker failures."""
         failures = 0
         while True:
-            async with self.gate.slot(self.gw.store.current.policy.batches.max_inflight_lines):
+            limit = self.gw.store.current.policy.batches.max_inflight_lines
+            async with self.gate.slot(record.tenant, limit):
                 retry_in, failed = await self._run_line(record, line_no, custom_id, failures)
             if retry_in is None:
                 return

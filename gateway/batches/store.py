@@ -178,6 +178,12 @@ class BatchStore(abc.ABC):
     def _put_content(self, file_id: str, chunks: Iterable[bytes]) -> int:
         """Store a file's content (replacing any under that id); return its size."""
 
+    def _adopt(self, file_id: str, source: Path) -> int:
+        """Store a staged file's content under ``file_id`` and remove the staged copy; its size."""
+        size = self._put_content(file_id, _chunks_of(source))
+        source.unlink(missing_ok=True)
+        return size
+
     @abc.abstractmethod
     def read_chunk(self, file_id: str, index: int) -> bytes | None:
         """The ``index``-th CHUNK of a file's content; None past its end."""
@@ -193,8 +199,7 @@ class BatchStore(abc.ABC):
         """Store a file (taken from ``source``, or written from ``lines``) and record it; content first."""
         file_id = file_id or new_id("file-")
         if source is not None:
-            size = self._put_content(file_id, _chunks_of(source))
-            source.unlink(missing_ok=True)
+            size = self._adopt(file_id, source)
         else:
             size = self._put_content(file_id, (line + b"\n" for line in lines))
         record = FileRecord(file_id, tenant, purpose, filename, size, int(time.time()))
@@ -219,6 +224,20 @@ class BatchStore(abc.ABC):
             args += [anchor.created_at, anchor.id]
         sql += f" ORDER BY created_at {order}, id {order} LIMIT ?"
         return [FileRecord(**_dict(row)) for row in self._run(sql, (*args, limit)).fetchall()]
+
+    def tenant_usage(self, tenant: str) -> tuple[int, int]:
+        """(files, bytes) the tenant keeps."""
+        row = self._run("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM batch_files WHERE tenant = ?",
+                        (tenant,)).fetchone()
+        return int(row[0]), int(row[1])
+
+    def expire_files(self, before: float) -> int:
+        """Delete files made before ``before`` that no active batch reads; how many went."""
+        marks = ",".join("?" * len(ACTIVE))
+        rows = self._run(f"SELECT id, tenant FROM batch_files WHERE created_at < ? AND id NOT IN "
+                         f"(SELECT input_file_id FROM batches WHERE status IN ({marks}))",
+                         (int(before), *ACTIVE)).fetchall()
+        return sum(self.delete_file(row[1], row[0]) for row in rows)
 
     def delete_file(self, tenant: str, file_id: str) -> bool:
         if self._run("DELETE FROM batch_files WHERE id = ? AND tenant = ?", (file_id, tenant)).rowcount == 0:
@@ -466,6 +485,14 @@ class SqliteBatchStore(BatchStore):
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, path)
+        return path.stat().st_size
+
+    def _adopt(self, file_id: str, source: Path) -> int:
+        """The staged upload is already on this disk: a rename, not a second copy on the store's thread."""
+        path = self.file_path(file_id)
+        with source.open("rb") as f:
+            os.fsync(f.fileno())
+        os.replace(source, path)
         return path.stat().st_size
 
     def read_chunk(self, file_id: str, index: int) -> bytes | None:

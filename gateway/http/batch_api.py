@@ -22,12 +22,13 @@ from starlette.routing import Route
 from gateway.batches.lines import ENDPOINTS
 from gateway.batches.runner import BatchRunner
 from gateway.batches.store import FileRecord, new_id
-from gateway.errors import Conflict, InvalidRequest, NotFound, TooLarge
+from gateway.errors import Conflict, InvalidRequest, NotFound, QuotaExceeded, TooLarge
 from gateway.http.asgi import Message, read_body, request_headers
 from gateway.http.guards import tenant_of
 from gateway.http.responses import json_response
 from gateway.openai_api import parse_json
 from gateway.policy.loader import TenantView
+from gateway.policy.schema import BatchPolicy
 
 log = logging.getLogger("tollgate.batches")
 
@@ -41,11 +42,14 @@ def runner_of(request: Request) -> BatchRunner:
 async def upload(request: Request) -> Response:
     tenant, runner = tenant_of(request), runner_of(request)
     store = runner.store
-    limit = runner.gw.store.current.policy.batches.max_file_bytes
+    batches = runner.gw.store.current.policy.batches
+    limit = batches.max_file_bytes
     too_large = TooLarge(f"The file is larger than the limit of {limit} bytes.", "file_too_large")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit + MULTIPART_OVERHEAD:
         raise too_large
+    kept, kept_bytes = await store.do(store.tenant_usage, tenant.name)
+    _check_quota(batches, kept, kept_bytes + (int(declared) - MULTIPART_OVERHEAD if declared.isdigit() else 0))
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise InvalidRequest("Upload a file as multipart/form-data with the fields 'file' and 'purpose'.",
                              "invalid_content_type")
@@ -73,6 +77,7 @@ async def upload(request: Request) -> Response:
             raise too_large
         if not file.size:
             raise InvalidRequest("The file is empty.", "empty_file", param="file")
+        _check_quota(batches, kept, kept_bytes + file.size)
         staged = store.files_dir / (new_id("upload-") + ".part")
         await asyncio.to_thread(_copy, file, staged)
         record = await store.do(store.add_file, tenant.name, purpose, (file.filename or "upload.jsonl")[:256],
@@ -198,6 +203,16 @@ ROUTES = [
 ]
 
 
+
+
+def _check_quota(batches: BatchPolicy, files: int, bytes_: int) -> None:
+    """A tenant's files are bounded in number and bytes (uploads and results alike), so one tenant cannot fill
+    the store; a few uploads at once may pass together, by at most their own size."""
+    if files >= batches.tenant_files:
+        raise QuotaExceeded(f"This tenant keeps {files} files, its most; delete some first.")
+    if bytes_ > batches.tenant_bytes:
+        raise QuotaExceeded(f"This upload would take this tenant's files past {batches.tenant_bytes} bytes; "
+                            "delete some first.")
 
 
 def _header_safe(name: str) -> str:

@@ -30,6 +30,7 @@ _STATUS: dict[type[errors.GatewayError], tuple[int, str]] = {
     errors.TryLater: (429, "rate_limit_error"),
     errors.Unavailable: (503, "server_error"),
     errors.OverBudget: (429, "insufficient_quota"),
+    errors.QuotaExceeded: (429, "insufficient_quota"),
     errors.UpstreamFailed: (502, "server_error"),
 }
 

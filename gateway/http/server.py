@@ -33,6 +33,12 @@ _MESSAGES = {
 }
 
 
+# A file upload's body has the body timeout for every UPLOAD_PROGRESS_BYTES it delivers, not for the whole file:
+# 200 MB would otherwise need 6.7 MB/s within the 30 s default; a trickle (under 64 KiB per timeout) still ends.
+UPLOAD_PATH = b"/v1/files"
+UPLOAD_PROGRESS_BYTES = 64 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """The protocol's share of the policy's server section (its defaults live there, once)."""
@@ -65,6 +71,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._header_count = 0
         self._refused = False
+        self._upload_progress = -1  # bytes of an upload's body since its deadline moved; -1: not an upload
 
     # -- deadlines ------------------------------------------------------------------------------------
 
@@ -146,11 +153,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._refused:
             return
         self._arm(self.limits.body_timeout_s, 408)
+        self._upload_progress = 0 if self.url.startswith(UPLOAD_PATH) else -1
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
-        if not self._refused:
-            super().on_body(body)
+        if self._refused:
+            return
+        if self._upload_progress >= 0:  # an upload keeps its time while it keeps coming
+            self._upload_progress += len(body)
+            if self._upload_progress >= UPLOAD_PROGRESS_BYTES:
+                self._upload_progress = 0
+                self._arm(self.limits.body_timeout_s, 408)
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         if self._refused:

@@ -228,6 +228,10 @@ class BatchPolicy(Strict):
                                     "batches together; the scheduler still runs them only in spare capacity")
     line_attempts: int = Field(3, ge=1, description="tries of a line that fails in the gateway or a worker (5xx); "
                                "a shed line (429/503) waits and retries without counting")
+    tenant_files: int = Field(500, ge=1, description="files a tenant may keep (uploads and batch results)")
+    tenant_bytes: int = Field(10 * 1024**3, ge=1024, description="bytes of files a tenant may keep")
+    file_ttl_s: float = Field(30 * 86400, ge=3600, description="files older than this are deleted (those an "
+                              "active batch reads are kept until it ends)")
 
 
 class PriceVersion(Strict):
