@@ -181,3 +181,17 @@ def test_postgres_store_and_the_spool_while_it_is_down(start_gateway: Callable[.
     report = httpx.get(up.url + "/admin/reports/costs", params={"group_by": "tenant"},
                        headers={"Authorization": f"Bearer {FINANCE_TOKEN}"}).json()
     assert report["data"][0]["tenant"] == "demo" and report["data"][0]["requests"] == 15
+
+
+def test_a_client_request_id_cannot_become_a_spreadsheet_formula(start_gateway: Callable[..., Proc], sim: Proc) -> None:
+    gateway = start_gateway(policy_dict([sim.url]))
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=DEMO_KEY, max_retries=0)
+    for rid in ("-2+3", "=cmd|' /C calc'!A0", "@SUM(1)", "plain-id.1"):
+        chat(client, "hello", rid=rid)
+    assert wait_for(lambda: len(ledger_rows(gateway)) == 4, timeout=15)
+    reply = httpx.get(gateway.url + "/admin/ledger", params={"format": "csv"}, timeout=30,
+                      headers={"Authorization": f"Bearer {FINANCE_TOKEN}"})
+    assert reply.headers["x-content-type-options"] == "nosniff"
+    ids = [line.split(",")[reply.text.splitlines()[0].split(",").index("request_id")]
+           for line in reply.text.splitlines()[1:]]
+    assert "plain-id.1" in ids and not any(cell[:1] in "-=+@" for cell in ids), ids

@@ -35,7 +35,9 @@ from gateway.runtime import Gateway
 from gateway.state.replicas import ALONE, Share
 
 log = logging.getLogger("tollgate.app")
-_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
+# A client's X-Request-Id is kept if it is plain: it lands in logs, the ledger and its CSV, where a cell that
+# starts with '-', '=', '+' or '@' is a spreadsheet formula.
+_REQUEST_ID = re.compile(rb"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 # A random per-process prefix and a counter: unique ids without a urandom syscall per request.
 _ID_PREFIX = os.urandom(8).hex()
 _id_counter = itertools.count()

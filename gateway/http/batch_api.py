@@ -25,7 +25,7 @@ from gateway.batches.store import FileRecord, new_id
 from gateway.errors import Conflict, InvalidRequest, NotFound, QuotaExceeded, TooLarge
 from gateway.http.asgi import Message, read_body, request_headers
 from gateway.http.guards import tenant_of
-from gateway.http.responses import json_response
+from gateway.http.responses import NOSNIFF, json_response
 from gateway.openai_api import parse_json
 from gateway.policy.loader import TenantView
 from gateway.policy.schema import BatchPolicy
@@ -115,7 +115,7 @@ async def file_content(request: Request) -> Response:
             chunk = await store.do(store.read_chunk, record.id, index)
     return StreamingResponse(rest(), media_type="application/octet-stream", headers={
         "content-length": str(record.bytes),
-        "content-disposition": f'attachment; filename="{_header_safe(record.filename)}"'})
+        "content-disposition": f'attachment; filename="{_header_safe(record.filename)}"', **NOSNIFF})
 
 async def delete_file(request: Request) -> Response:
     tenant, runner = tenant_of(request), runner_of(request)

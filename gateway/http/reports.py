@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from gateway.errors import Conflict, InvalidRequest, Unavailable
 from gateway.http.guards import gateway_of, require_reader, tenant_of
-from gateway.http.responses import json_response
+from gateway.http.responses import NOSNIFF, json_response
 from gateway.ledger.stores import COLUMNS, GROUPS, OPEN_END, OPEN_START, LedgerStore, iter_all
 from gateway.ledger.times import sortable
 
@@ -60,8 +60,8 @@ async def ledger(request: Request) -> Response:
     pages = _pages(ledger_store(request), start, end, request.query_params.get("tenant"))
     if fmt == "csv":
         return StreamingResponse(_csv_stream(list(COLUMNS), pages), media_type="text/csv; charset=utf-8",
-                                 headers={"content-disposition": 'attachment; filename="ledger.csv"'})
-    return StreamingResponse(_json_stream(pages), media_type="application/json")
+                                 headers={"content-disposition": 'attachment; filename="ledger.csv"', **NOSNIFF})
+    return StreamingResponse(_json_stream(pages), media_type="application/json", headers=NOSNIFF)
 
 
 async def usage(request: Request) -> Response:
@@ -156,7 +156,7 @@ def csv_response(columns: list[str], rows: list[dict[str, Any]], filename: str) 
     writer.writeheader()
     writer.writerows(rows)
     return Response(out.getvalue(), media_type="text/csv; charset=utf-8",
-                    headers={"content-disposition": f'attachment; filename="{filename}"'})
+                    headers={"content-disposition": f'attachment; filename="{filename}"', **NOSNIFF})
 
 
 async def _pages(store: LedgerStore, start: str, end: str, tenant: str | None) -> AsyncIterator[list[dict[str, Any]]]:
