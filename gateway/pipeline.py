@@ -9,6 +9,7 @@ answer it) and closes every request the same way, in ``accounting.finish``.
 
 from __future__ import annotations
 
+import functools
 import logging
 from types import TracebackType
 
@@ -20,6 +21,7 @@ from gateway.context import RequestContext
 from gateway.errors import ClientGone, GatewayError, Unavailable
 from gateway.policy.schema import TIERS
 from gateway.runtime import Gateway
+from gateway.scheduling.controller import Controller
 from gateway.sink import Sink
 from gateway.upstream.dispatch import dispatch
 from gateway.upstream.pools import UpstreamPool
@@ -89,23 +91,27 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
         raise Unavailable(f"No worker pool serves the model '{ctx.model}' right now.", "upstream_unavailable")
     payload = await openai_api.serialise(call, ctx.service_class)
     await gw.scheduler.admit(ctx, pool.admission, call.cost, call.size)
-    relayed = Relayed()
+    relayed, ended = Relayed(), None
     try:
         await exchange(ctx, pool, payload, sink, relayed, (call.wants_usage, call.wants_continuous_usage),
-                       capture=decision is not None and decision.keep_answer)
+                       gw.scheduler, capture=decision is not None and decision.keep_answer)
+    except BaseException as exc:
+        ended = exc
+        raise
     finally:  # also when the client left or the worker failed: what was delivered is counted
-        gw.scheduler.release(ctx, pool.admission)
         count_tokens(ctx, relayed, call.prompt_estimate)
+        gw.scheduler.release(ctx, pool.admission, ended)
     ctx.timings.tpot = relayed.tpot
     _remember(gw, ctx, decision, relayed)
 
 
 async def exchange(ctx: RequestContext, pool: UpstreamPool, payload: bytes, sink: Sink, relayed: Relayed,
-                   usage: tuple[bool, bool], capture: bool = False) -> None:
+                   usage: tuple[bool, bool], scheduler: Controller, capture: bool = False) -> None:
     """Dispatch to a worker and relay its answer to the sink; ``relayed`` learns what went by."""
     async with dispatch(ctx, pool, openai_api.PATHS[ctx.endpoint], payload) as (worker, response):
         if ctx.stream and response.status == 200:
-            await relay_stream(ctx, worker, response, sink, relayed, usage, pool.spec.cooldown_s, capture)
+            first = functools.partial(scheduler.first_token, pool.admission, worker, ctx.snapshot.policy.scheduling)
+            await relay_stream(ctx, worker, response, sink, relayed, usage, pool.spec.cooldown_s, capture, first)
         else:
             await relay_body(ctx, worker, response, sink, relayed, pool.spec.cooldown_s)
 

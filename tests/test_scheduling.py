@@ -308,7 +308,7 @@ def test_worker_concurrency_is_learned_from_its_metrics() -> None:
     assert worker_slots(worker, spec, scheduling, now=100.5) == 10
     worker.observed.waiting = 2
     assert worker_slots(worker, spec, scheduling, now=100.5) == 10, "the learned limit, no stall"
-    assert worker_slots(worker, spec, scheduling, now=110.0) == worker.inflight, "stale metrics: no new work"
+    assert worker_slots(worker, spec, scheduling, now=110.0) == 10, "stale metrics: the last good limit stands"
     worker.observed.kv_usage = 0.95
     assert worker_slots(worker, spec, scheduling, now=100.5) == worker.inflight, "KV nearly full: no new work"
 
@@ -320,3 +320,32 @@ def test_churn_does_not_shrink_the_learned_limit() -> None:
         worker.observed.running, worker.observed.waiting = running, waiting
         learn(worker, ceiling=4)
     assert worker.learned.limit == 4, "the engine ran 4 in recent reads: that is its concurrency"
+
+
+def test_without_metrics_the_limit_is_learned_from_the_answers() -> None:
+    """An engine that shows nothing: uncongested answers raise the limit (doubling at first), a slow one lowers
+    it by a tenth but not below what the engine ran uncongested, a worker failure halves it."""
+    from gateway.scheduling.capacity import answered, failed
+
+    worker = live_worker("http://w")
+    worker.observed.metrics_error = "/metrics answered 404"
+    snap = snapshot()
+    spec, scheduling = snap.policy.pools["p"], snap.policy.scheduling
+    assert worker_slots(worker, spec, scheduling, now=100.0) == 2, "the pool's ceiling here is 2"
+    for held in range(1, 60):  # answers at a steady 40 ms TTFT while it holds more and more
+        answered(worker, 256, held, 0.040)
+    assert worker.learned.stream_limit >= 58, "slow start: two more per answer while the limit is in use"
+    grown = worker.learned.stream_limit
+    answered(worker, 256, 10, 0.040)
+    assert worker.learned.stream_limit == grown, "a limit not in use does not grow"
+    answered(worker, 256, 60, 0.400)  # 10x the floor: the engine queues
+    assert worker.learned.stream_limit == pytest.approx(max(grown * 0.9, 59), abs=0.1)
+    assert not worker.learned.slow_start
+    for _ in range(50):
+        answered(worker, 256, 60, 0.500)
+    assert worker.learned.stream_limit >= 58, "never below what it ran uncongested"
+    failed(worker, 256)
+    assert worker.learned.stream_limit == pytest.approx(worker.learned.demonstrated / 2, abs=1)
+    for _ in range(5):
+        answered(worker, 256, 5, 0.02, whole=True)  # whole answers: per output token
+    assert worker.learned.per_token_floor == pytest.approx(0.02)

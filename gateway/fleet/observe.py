@@ -13,14 +13,24 @@ from gateway.fleet.worker import Worker
 
 log = logging.getLogger("tollgate.workers")
 
-# Prefix -> field. The KV metric was renamed in vLLM 0.10; accept both names.
-_GAUGES = {
+# Line prefix -> field, for the engines the gateway knows: vLLM (the KV metric was renamed in 0.10; both names
+# are read), SGLang and TGI. Label sets of one gauge are summed (an engine may report per model or per rank).
+_GAUGES: dict[bytes, str] = {
     b"vllm:num_requests_running": "running",
     b"vllm:num_requests_waiting{": "waiting",
     b"vllm:num_requests_waiting ": "waiting",
     b"vllm:kv_cache_usage_perc": "kv_usage",
     b"vllm:gpu_cache_usage_perc": "kv_usage",
+    b"sglang:num_running_reqs": "running",
+    b"sglang:num_queue_reqs": "waiting",
+    b"sglang:token_usage": "kv_usage",
+    b"tgi_batch_current_size": "running",
+    b"tgi_queue_size": "waiting",
 }
+_FIRST = tuple({prefix.split(b":")[0].split(b"_")[0] for prefix in _GAUGES})  # b"vllm", b"sglang", b"tgi"
+MAX_METRICS_BYTES = 4 * 1024 * 1024  # vLLM's is ~100 KB; a larger page is not read (a broken exporter)
+PARSE_ON_LOOP_BYTES = 256 * 1024
+METRICS_BACKOFF_MAX_S = 30.0  # a failing /metrics is retried after 1, 2, 4 ... 30 s
 
 
 def cool_down(worker: Worker, reason: str, cooldown_s: float) -> None:
@@ -35,10 +45,11 @@ def cool_down(worker: Worker, reason: str, cooldown_s: float) -> None:
 
 
 def parse_load(text: bytes) -> dict[str, float]:
-    """Sum the load gauges over label sets; skips everything else without parsing it."""
+    """Sum the load gauges over label sets; skips everything else without parsing it. Empty when the page has
+    none of the known names (an engine without vLLM's, SGLang's or TGI's metrics)."""
     found: dict[str, float] = {}
     for line in text.split(b"\n"):
-        if not line.startswith(b"vllm:") or line.startswith(b"vllm:num_requests_waiting_by"):
+        if not line.startswith(_FIRST) or line.startswith(b"vllm:num_requests_waiting_by"):
             continue
         for prefix, name in _GAUGES.items():
             if line.startswith(prefix):
@@ -47,6 +58,8 @@ def parse_load(text: bytes) -> dict[str, float]:
                 except (IndexError, ValueError):
                     pass
                 break
+    if "kv_usage" in found and found["kv_usage"] > 1.0:  # a percentage (0-100) where a share was expected
+        found["kv_usage"] /= 100.0
     return found
 
 
@@ -58,34 +71,67 @@ def describe(exc: BaseException) -> str:
 
 async def scrape(worker: Worker, session: aiohttp.ClientSession, request_timeout: aiohttp.ClientTimeout,
                  unhealthy_after: int = 1) -> None:
-    """One health check and metrics read. A worker leaves routing after ``unhealthy_after`` consecutive
-    failures, so one late answer (say, while this loop was briefly busy) does not drop a healthy worker;
-    a failed real request still cools it down at once (Worker.fail)."""
+    """One health check, then one metrics read. Only /health decides whether a worker is in routing: it leaves
+    after ``unhealthy_after`` consecutive failures (one late answer does not drop a healthy worker; a failed
+    real request still cools it down at once). /metrics is a refinement: an engine that has none (404), whose
+    page hangs, is too large or names nothing known is served all the same, its capacity then learned from
+    the requests it answers (gateway.scheduling.capacity)."""
+    observed = worker.observed
     try:
         async with session.get(worker.url + "/health", timeout=request_timeout) as health:
             await health.read()
             if health.status != 200:
                 raise RuntimeError(f"/health answered {health.status}")
-        async with session.get(worker.url + "/metrics", timeout=request_timeout) as metrics:
-            text = await metrics.read()
-            load = parse_load(text) if metrics.status == 200 else {}
     except (aiohttp.ClientError, TimeoutError, RuntimeError) as exc:
-        worker.observed.failed_checks += 1
-        worker.observed.last_error = describe(exc)
-        if worker.observed.healthy and worker.observed.failed_checks >= unhealthy_after:
-            log.warning("worker %s failed %d health checks in a row: %s", worker.url, worker.observed.failed_checks,
-                        worker.observed.last_error)
-            worker.observed.healthy = False
+        observed.failed_checks += 1
+        observed.last_error = describe(exc)
+        if observed.healthy and observed.failed_checks >= unhealthy_after:
+            log.warning("worker %s failed %d health checks in a row: %s", worker.url, observed.failed_checks,
+                        observed.last_error)
+            observed.healthy = False
         return
-    worker.observed.failed_checks = 0
-    worker.observed.running = load.get("running", 0.0)
-    worker.observed.scraped_at = time.monotonic()
-    worker.observed.waiting = load.get("waiting", 0.0)
-    worker.observed.kv_usage = load.get("kv_usage", 0.0)
-    if not worker.observed.healthy and time.monotonic() >= worker.observed.cooldown_until:
+    observed.failed_checks = 0
+    if not observed.healthy and time.monotonic() >= observed.cooldown_until:
         log.info("worker %s admitted", worker.url)
-        worker.observed.healthy = True
-        worker.observed.last_error = None
+        observed.healthy = True
+        observed.last_error = None
+    now = time.monotonic()
+    if now < observed.metrics_next:
+        return  # a /metrics that keeps failing is read less and less often (it may be what hurts the engine)
+    load = await _read_load(worker, session, request_timeout)
+    if load is None:  # the last good reading stands, and ages: capacity falls back to the request stream
+        observed.metrics_failures += 1
+        observed.metrics_next = now + min(METRICS_BACKOFF_MAX_S, 0.5 * 2 ** min(observed.metrics_failures, 10))
+        return
+    observed.metrics_failures = 0
+    observed.running = load.get("running", 0.0)
+    observed.waiting = load.get("waiting", 0.0)
+    observed.kv_usage = load.get("kv_usage", 0.0)
+    observed.scraped_at = time.monotonic()
+
+
+async def _read_load(worker: Worker, session: aiohttp.ClientSession,
+                     request_timeout: aiohttp.ClientTimeout) -> dict[str, float] | None:
+    """The load gauges, or None when /metrics gives none (missing, failing, slow, too large, or unknown)."""
+    observed = worker.observed
+    try:
+        async with session.get(worker.url + "/metrics", timeout=request_timeout) as metrics:
+            if metrics.status != 200:
+                observed.metrics_error = f"/metrics answered {metrics.status}"
+                return None
+            text = await metrics.content.read(MAX_METRICS_BYTES + 1)
+            if len(text) > MAX_METRICS_BYTES:
+                observed.metrics_error = f"/metrics is over {MAX_METRICS_BYTES} bytes"
+                return None
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        observed.metrics_error = describe(exc)
+        return None
+    load = parse_load(text) if len(text) <= PARSE_ON_LOOP_BYTES else await asyncio.to_thread(parse_load, text)
+    if "running" not in load and "waiting" not in load:
+        observed.metrics_error = "/metrics names no known load gauge"
+        return None
+    observed.metrics_error = None
+    return load
 
 
 async def scrape_forever(workers: list[Worker], session: aiohttp.ClientSession, request_timeout: aiohttp.ClientTimeout,

@@ -27,6 +27,9 @@ class Observed:
     waiting: float = 0.0  # the engine's own queue
     kv_usage: float = 0.0  # 0..1
     scraped_at: float = 0.0  # monotonic time of the last good metrics read
+    metrics_error: str | None = None  # why the last metrics read gave nothing (None: it gave a reading)
+    metrics_failures: int = 0  # metrics reads in a row that gave nothing
+    metrics_next: float = 0.0  # monotonic time before which /metrics is not read again (it keeps failing)
 
 
 @dataclass(slots=True)
@@ -36,6 +39,12 @@ class Learned:
     hold_reads: int = 0  # reads left before the limit may probe upwards again
     limit_found: bool = False  # the engine has shown its limit (requests waiting) at least once
     recent_running: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=8))
+    # learned from the requests it answers, for when its metrics say nothing (missing, slow, broken)
+    stream_limit: float = 0.0  # additive increase, multiplicative decrease; 0 before the first answer
+    slow_start: bool = True  # doubling until the first sign of congestion
+    ttft_floor: float = 0.0  # the engine's TTFT when it is not congested (the least seen, slowly forgotten)
+    per_token_floor: float = 0.0  # the same for a whole (non-streamed) answer, per output token
+    demonstrated: float = 0.0  # the most requests it held while answering uncongested (slowly forgotten)
 
 
 @dataclass(slots=True)

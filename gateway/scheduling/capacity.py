@@ -10,6 +10,16 @@ wait inside the engine, the number it runs is what it can run (vLLM's max_num_se
 cache is the limit), and the limit drops to it; while the engine keeps up near the limit, the limit probes
 upwards (doubling until the engine first shows its limit, then by a quarter), up to the pool's
 max_inflight_per_worker. It starts at START_LIMIT, not the ceiling.
+
+An engine whose metrics say nothing (no /metrics, one that hangs or is malformed, names the gateway does not
+know, or a reading older than ``stale_after_s``) is not held to what it last showed: its limit then comes from
+the requests it answers (``finished``), as a TCP window or Netflix's concurrency-limits would learn it. Each
+answer whose engine-side latency (TTFT without the gateway's queue wait; per output token for a whole answer)
+stays within twice the least seen, plus 50 ms, raises the limit (by two per answer until the first congestion,
+then by one per limit's worth of answers) while the limit is in use; a slower one lowers it by a tenth, a
+worker failure halves it; never below what the engine was seen running uncongested, and never below the last
+limit its metrics showed. So a healthy engine is never throttled by a missing signal (before: 8 streams at
+once, and 43,011 of 43,263 requests refused, against an engine serving 64).
 """
 
 from __future__ import annotations
@@ -46,6 +56,8 @@ def learn(worker: Worker, ceiling: int, wanted: bool = False) -> None:
     between steps) a read often catches a slot in passing, and trusting it shrank the limit below what the
     engine runs (measured: premium shed while a batch of short lines drained)."""
     learned, observed = worker.learned, worker.observed
+    if observed.metrics_error is not None:
+        return  # nothing new was read
     current = learned.limit or min(ceiling, START_LIMIT)
     learned.recent_running.append(observed.running)
     if observed.waiting > 0:
@@ -74,14 +86,60 @@ def worker_slots(worker: Worker, spec: Pool, scheduling: SchedulingPolicy, now: 
     more than it runs."""
     if not worker.available(now):
         return 0
-    observed = worker.observed
-    if now - observed.scraped_at > scheduling.stale_after_s or observed.kv_usage >= scheduling.kv_saturation:
-        return worker.inflight  # unknown, or nearly out of KV cache: nothing new until it reports room
-    # A worker that queued requests at its last scrape has had its limit lowered to what it runs (learn());
-    # from there the gateway's own in-flight count, fresher than any scrape, says when a slot is free.
-    limit = worker.learned.limit or min(spec.max_inflight_per_worker, START_LIMIT)
+    observed, learned = worker.observed, worker.learned
+    if now - observed.scraped_at <= scheduling.stale_after_s:
+        if observed.kv_usage >= scheduling.kv_saturation:
+            return worker.inflight  # nearly out of KV cache: nothing new until it reports room
+        # A worker that queued requests at its last scrape has had its limit lowered to what it runs (learn());
+        # from there the gateway's own in-flight count, fresher than any scrape, says when a slot is free.
+        limit = learned.limit or min(spec.max_inflight_per_worker, START_LIMIT)
+    else:  # its metrics say nothing now: what its answers show, never less than its last reading
+        limit = max(int(learned.stream_limit) or min(spec.max_inflight_per_worker, START_LIMIT), learned.limit)
     part = share.of_limit(min(limit, worker.agreed.limit) if worker.agreed.limit else limit)
     return max(0, part - worker.agreed.excess)  # others still over their parts: leave it to them to drain
+
+
+# The request stream's signal (``finished``)
+TOLERANCE = 2.0  # an answer within this many times the least latency seen (plus SLACK_S) is uncongested
+SLACK_S = 0.05
+FORGET = 0.01  # how fast the least latency drifts up to what the engine answers in now
+BACK_OFF = 0.9  # a congested answer lowers the limit by a tenth; a failed worker halves it
+SLOW_START_STEP = 2.0
+
+
+def answered(worker: Worker, ceiling: int, held: int, latency: float, whole: bool = False) -> None:
+    """Learn from one answer of ``worker``: its engine-side latency (a stream's TTFT without the gateway's
+    queue wait, read at the first token; for a whole answer, per output token, read at its end), with ``held``
+    requests on the worker as it came (itself included)."""
+    learned = worker.learned
+    limit = learned.stream_limit or float(min(ceiling, START_LIMIT))
+    if whole:
+        learned.per_token_floor, uncongested = _within(learned.per_token_floor, latency)
+    else:
+        learned.ttft_floor, uncongested = _within(learned.ttft_floor, latency)
+    if uncongested:
+        learned.demonstrated = max(float(held), learned.demonstrated - FORGET)
+        if held >= limit / 2:  # the limit is in use: there is something to learn about more
+            # slow start: two more per answer, so the limit still doubles each round when the classes below
+            # premium may use only part of it (premium_reserve), and so only part of it answers
+            limit += SLOW_START_STEP if learned.slow_start else 1.0 / limit
+    else:
+        learned.slow_start = False
+        limit = max(limit * BACK_OFF, learned.demonstrated, 1.0)
+    learned.stream_limit = min(float(ceiling), limit)
+
+
+def failed(worker: Worker, ceiling: int) -> None:
+    """The worker failed a request (connection lost, 5xx, silence): halve what the stream taught."""
+    learned = worker.learned
+    learned.stream_limit = max(1.0, (learned.stream_limit or float(min(ceiling, START_LIMIT))) / 2)
+    learned.slow_start = False
+
+
+def _within(floor: float, latency: float) -> tuple[float, bool]:
+    """The floor moved by this latency (down at once, up slowly), and whether the latency was uncongested."""
+    floor = latency if floor == 0 or latency < floor else floor + FORGET * (latency - floor)
+    return floor, latency <= floor * TOLERANCE + SLACK_S
 
 
 def capacity(workers: list[Worker], spec: Pool, scheduling: SchedulingPolicy, now: float,

@@ -24,10 +24,11 @@ import time
 from collections.abc import Callable, Iterable
 
 from gateway.context import RequestContext
-from gateway.errors import Shed, TenantBusy, Unavailable
+from gateway.errors import Shed, TenantBusy, Unavailable, UpstreamFailed
+from gateway.fleet.worker import Worker
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import DEFAULT_TTFT_P95_MS, TIERS, SchedulingPolicy
-from gateway.scheduling.capacity import capacity, learn
+from gateway.scheduling.capacity import answered, capacity, failed, learn
 from gateway.scheduling.queues import PoolState, Waiter, held_back
 from gateway.state.replicas import ALONE, Share
 
@@ -67,9 +68,12 @@ class Controller:
             raise
         ctx.timings.queue_wait = self.clock() - started
 
-    def release(self, ctx: RequestContext, state: PoolState) -> None:
-        """Once per admitted request, when its answer is done: frees its slot and grants what fits now."""
+    def release(self, ctx: RequestContext, state: PoolState, ended: BaseException | None = None) -> None:
+        """Once per admitted request, when its answer is done (``ended``: what cut it short, if anything):
+        learns from it, frees its slot and grants what fits now."""
         self._tenant_give(ctx)
+        if ctx.worker is not None:
+            self._learn_from(ctx, state, ended)
         state.give(ctx.tenant.name if ctx.tenant else "")
         state.completions.append(self.clock())
         self.dispatch(state, ctx.snapshot.policy.scheduling)
@@ -137,6 +141,30 @@ class Controller:
             state.take(waiter.tenant)
             waiter.future.set_result(None)
         self._publish_depth(state)
+
+    @staticmethod
+    def _learn_from(ctx: RequestContext, state: PoolState, ended: BaseException | None) -> None:
+        """The end of an answer, for the worker that gave it: a worker failure, or a whole answer's time per
+        output token (a stream's TTFT was learned at its first token, by the relay). A client that left or a
+        request the worker refused says nothing."""
+        worker = next((w for w in state.workers if w.url == ctx.worker), None)
+        if worker is None:
+            return
+        ceiling = state.spec.max_inflight_per_worker
+        if isinstance(ended, UpstreamFailed):
+            failed(worker, ceiling)
+        elif ended is None and not ctx.stream and ctx.timings.ttft is not None:
+            engine = ctx.timings.ttft - (ctx.timings.queue_wait or 0.0)
+            answered(worker, ceiling, worker.inflight + 1, engine / max(1, ctx.completion_tokens or 0), whole=True)
+
+    def first_token(self, state: PoolState, worker: Worker, scheduling: SchedulingPolicy, held: int,
+                    ttft: float) -> None:
+        """A stream's first token from ``worker`` (``ttft``: the engine's part): learn from it, and grant what
+        a larger limit now fits (a fresh engine without metrics grows within a few TTFTs, not stream ends)."""
+        before = worker.learned.stream_limit
+        answered(worker, state.spec.max_inflight_per_worker, held, ttft)
+        if int(worker.learned.stream_limit) > int(before) and any(q.count for q in state.queues.values()):
+            self.dispatch(state, scheduling)
 
     def on_metrics(self, state: PoolState, scheduling: SchedulingPolicy) -> None:
         """Fresh metrics: learn each worker's concurrency from them, then grant what now fits (a worker's
@@ -241,6 +269,7 @@ class Controller:
         return {s.name: {"granted": s.granted, "granted_by_tenant": dict(s.held),
                        "drain_rate_per_s": round(s.drain_rate(now), 2), "queued_bytes": s.queued_bytes,
                        "learned_limits": {w.url: w.learned.limit for w in s.workers},
+                       "stream_limits": {w.url: round(w.learned.stream_limit, 1) for w in s.workers},
                        "agreed_limits": {w.url: w.agreed.limit for w in s.workers if w.agreed.limit},
                        "share": {"index": self.share.index, "of": self.share.of, "ready": self.share.ready},
                        "classes": {k: {"depth": q.count, "oldest_wait_s": round(q.oldest_wait(now), 3),

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,10 +135,12 @@ class _UsageTap:
 
 
 async def relay_stream(ctx: RequestContext, worker: Worker, response: aiohttp.ClientResponse, sink: Sink,
-                       relayed: Relayed, usage: tuple[bool, bool], cooldown_s: float, capture: bool = False) -> None:
+                       relayed: Relayed, usage: tuple[bool, bool], cooldown_s: float, capture: bool = False,
+                       first_token: Callable[[int, float], None] | None = None) -> None:
     """Forward an SSE answer. The response head waits for the first upstream byte (it carries Server-Timing).
 
-    ``usage`` is what the client asked for: (the final usage event, usage on every chunk). A worker that fails
+    ``usage`` is what the client asked for: (the final usage event, usage on every chunk). ``first_token`` hears
+    the engine's TTFT and the requests on the worker when the first byte comes. A worker that fails
     mid-stream: what it sent is flushed, the stream left open, and UpstreamFailed raised (the sink ends the
     stream with an SSE error event and [DONE])."""
     splitter, tap = sse.EventSplitter(), _UsageTap(relayed, *usage)
@@ -146,6 +149,8 @@ async def relay_stream(ctx: RequestContext, worker: Worker, response: aiohttp.Cl
     with worker_errors(worker, "head", cooldown_s):
         chunk = await content.readany()
     ctx.timings.first_byte()
+    if first_token is not None:  # the engine's TTFT, without the gateway's queue wait: a capacity signal
+        first_token(worker.inflight, ctx.timings.ttft - (ctx.timings.queue_wait or 0.0))  # type: ignore[operator]
     await sink.start(200, [*ctx.response_headers(), *_SSE_HEADERS,
                            (b"server-timing", ctx.timings.server_timing())])
     failure: UpstreamFailed | None = None

@@ -11,7 +11,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from workers.sim.engine import EngineConfig
-from workers.sim.server import Faults, SimServer
+from workers.sim.server import METRICS_FAULTS, Faults, SimServer
 
 _DEFAULTS = EngineConfig()
 
@@ -71,6 +71,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     faults.add_argument("--drop-after", type=_bounded(int, 0), default=None,
                         help="drop the connection after N streamed tokens")
     faults.add_argument("--slow-start", type=_bounded(float, 0), default=0.0, help="/health answers 503 for N s")
+    faults.add_argument("--metrics", choices=METRICS_FAULTS, default="ok",
+                        help="/metrics: ok, missing (404, an engine without vLLM's metrics), hang, or huge (50 MB)")
     return p
 
 
@@ -88,7 +90,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
     faults = Faults(error_rate=args.error_rate, error_statuses=args.error_status,
                     hang_after=None if args.hang_after is None else int(args.hang_after),
                     drop_after=None if args.drop_after is None else int(args.drop_after),
-                    ready_at=time.monotonic() + args.slow_start)
+                    ready_at=time.monotonic() + args.slow_start, metrics=args.metrics)
     return config, faults
 
 

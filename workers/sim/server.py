@@ -34,6 +34,9 @@ _ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitErr
                 500: "InternalServerError", 502: "BadGatewayError", 503: "ServiceUnavailableError"}
 
 
+METRICS_FAULTS = ("ok", "missing", "hang", "huge")
+
+
 @dataclass
 class Faults:
     """Failure injection for tests; settable by flags and at run time through POST /sim/faults."""
@@ -43,6 +46,7 @@ class Faults:
     hang_after: int | None = None
     drop_after: int | None = None
     ready_at: float = 0.0  # monotonic time before which /health answers 503
+    metrics: str = "ok"  # ok | missing (404, as an engine without vLLM's metrics) | hang | huge (50 MB)
     rng: random.Random = field(default_factory=random.Random, repr=False)
 
     def injected_status(self) -> int | None:
@@ -106,7 +110,15 @@ class SimServer:
         return Response(orjson.dumps({"object": "list", "data": [card]}), media_type="application/json")
 
     async def metrics_endpoint(self, request: Request) -> Response:
-        return Response(self.metrics.render(self.engine), media_type="text/plain; version=0.0.4; charset=utf-8")
+        fault = self.faults.metrics
+        if fault == "missing":
+            return error_response("Not Found", 404)
+        if fault == "hang":
+            await asyncio.Event().wait()  # until the client gives up
+        body = self.metrics.render(self.engine)
+        if fault == "huge":  # a broken exporter: 50 MB of series nobody asked for
+            body += b"".join(b"sim_junk_series{n=\"%d\"} 1\n" % i for i in range(2_000_000))
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def tokenize(self, request: Request) -> Response:
         try:
@@ -366,7 +378,7 @@ def _check_int(value: object, name: str, minimum: int | None) -> None:
 
 def faults_from_mapping(data: dict[str, Any], base: Faults) -> Faults:
     """Apply the given fields over ``base``; unknown fields are an error, not a silent no-op."""
-    known = {"error_rate", "error_statuses", "hang_after", "drop_after", "slow_start"}
+    known = {"error_rate", "error_statuses", "hang_after", "drop_after", "slow_start", "metrics"}
     unknown = set(data) - known
     if unknown:
         raise ValueError(f"unknown fault fields: {sorted(unknown)}")
@@ -387,6 +399,10 @@ def faults_from_mapping(data: dict[str, Any], base: Faults) -> Faults:
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"{name} must be a non-negative integer or null")
             changes[name] = value
+    if "metrics" in data:
+        if data["metrics"] not in METRICS_FAULTS:
+            raise ValueError(f"metrics must be one of {', '.join(METRICS_FAULTS)}")
+        changes["metrics"] = data["metrics"]
     if "slow_start" in data:
         changes["ready_at"] = time.monotonic() + float(data["slow_start"])
     return replace(base, **changes)
