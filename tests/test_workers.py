@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -125,3 +126,33 @@ def test_each_process_takes_its_share_of_a_workers_limit() -> None:
     assert worker_slots(worker, spec, scheduling, 100.5, Share(0, 2, ready=False)) == 0, "a newcomer waits"
     worker.agreed.excess = 2  # another process still holds two beyond its (shrunk) part
     assert worker_slots(worker, spec, scheduling, 100.5, Share(1, 2)) == 0, "room left for the others to drain"
+
+
+@pytest.mark.parametrize("metrics", ["missing", "hang", "huge"])
+def test_an_engine_whose_metrics_say_nothing_is_served_in_full(start_sim: Callable[..., Any],
+                                                                start_gateway: Callable[..., Any],
+                                                                metrics: str) -> None:
+    """An engine without vLLM's /metrics (404), with one that hangs, or with a 50 MB one: it is admitted, and
+    48 streams at once all get through (its limit is learned from its answers, not stuck at 8: before, most
+    were refused with 429, and a hanging /metrics kept the worker out of routing altogether)."""
+    from tests.conftest import DEMO_KEY, policy_dict
+
+    sim = start_sim("--metrics", metrics, "--max-num-seqs", "64", "--decode-base-ms", "10", "--decode-per-seq-ms", "0")
+    policy = policy_dict([sim.url])
+    policy["pools"]["main"].update(max_inflight_per_worker=256, scrape_interval_s=0.2)
+    gw = start_gateway(policy)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "count"}], "max_tokens": 24, "ignore_eos": True,
+            "stream": True}
+
+    def stream(_: int) -> int:
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=60,
+                          headers={"authorization": f"Bearer {DEMO_KEY}"}) as reply:
+            reply.read()
+            return reply.status_code
+    with ThreadPoolExecutor(48) as pool:
+        for _ in range(3):  # three waves: the first on a fresh gateway
+            statuses = list(pool.map(stream, range(48)))
+            assert statuses == [200] * 48, statuses
+    queues = httpx.get(gw.url + "/admin/queues", timeout=10,
+                       headers={"authorization": "Bearer tg-test-admin-token"}).json()["pools"]["main"]
+    assert max(queues["stream_limits"].values()) > 8, ("learned above where it starts", queues)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import time
 import uuid
@@ -35,6 +36,11 @@ _ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitErr
 
 
 METRICS_FAULTS = ("ok", "missing", "hang", "huge")
+
+
+@functools.cache
+def _junk() -> bytes:
+    return b"".join(b"sim_junk_series{n=\"%d\"} 1\n" % i for i in range(2_000_000))
 
 
 @dataclass
@@ -116,8 +122,8 @@ class SimServer:
         if fault == "hang":
             await asyncio.Event().wait()  # until the client gives up
         body = self.metrics.render(self.engine)
-        if fault == "huge":  # a broken exporter: 50 MB of series nobody asked for
-            body += b"".join(b"sim_junk_series{n=\"%d\"} 1\n" % i for i in range(2_000_000))
+        if fault == "huge":  # a broken exporter: 50 MB of series nobody asked for (made once: the engine
+            body += _junk()  # itself must not stall, only the page be too large)
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def tokenize(self, request: Request) -> Response:
