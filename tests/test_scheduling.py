@@ -42,6 +42,7 @@ class Harness:
         self.snap = snapshot(**scheduling)
         self.controller = Controller(clock=self.clock)
         self.worker = live_worker("http://w1", scraped_at=self.clock.now, limit=2)
+        self.worker.learned.limit_found = True  # the engine has shown what it runs: forecasts may refuse
         self.spec = self.snap.policy.pools["p"]
         self.pool = PoolState("p", [self.worker], self.spec)
         self.granted: list[str] = []
@@ -146,7 +147,11 @@ def test_a_request_that_would_miss_its_deadline_is_shed_at_once() -> None:
         status, headers, _ = render(caught.value)
         assert status == 429 and dict(headers)[b"retry-after"] == b"2", "4 ahead at 2/s"
         assert state.queues["standard"].count == 3, "shed at once, never queued"
-        for task in waiting:
+        h.worker.learned.limit_found = False  # a fresh engine whose limit is still growing: no forecast
+        late = h.queue("s2")
+        await settle()
+        assert state.queues["standard"].count == 4 and not late.done(), "it waits instead"
+        for task in [*waiting, late]:
             task.cancel()
         for ctx in running:
             h.release(ctx)
@@ -338,7 +343,10 @@ def test_without_metrics_the_limit_is_learned_from_the_answers() -> None:
     grown = worker.learned.stream_limit
     answered(worker, 256, 10, 0.040)
     assert worker.learned.stream_limit == grown, "a limit not in use does not grow"
-    answered(worker, 256, 60, 0.400)  # 10x the floor: the engine queues
+    answered(worker, 256, 60, 0.400)  # 10x the floor: one slow answer alone changes nothing
+    assert worker.learned.stream_limit == grown and worker.learned.slow_start
+    answered(worker, 256, 60, 0.400)
+    answered(worker, 256, 60, 0.400)  # three in a row: the engine queues
     assert worker.learned.stream_limit == pytest.approx(max(grown * 0.9, 59), abs=0.1)
     assert not worker.learned.slow_start
     for _ in range(50):

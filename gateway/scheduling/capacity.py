@@ -13,13 +13,15 @@ max_inflight_per_worker. It starts at START_LIMIT, not the ceiling.
 
 An engine whose metrics say nothing (no /metrics, one that hangs or is malformed, names the gateway does not
 know, or a reading older than ``stale_after_s``) is not held to what it last showed: its limit then comes from
-the requests it answers (``finished``), as a TCP window or Netflix's concurrency-limits would learn it. Each
+the requests it answers (``answered``, ``failed``), as a TCP window or Netflix's concurrency-limits would learn it. Each
 answer whose engine-side latency (TTFT without the gateway's queue wait; per output token for a whole answer)
 stays within twice the least seen, plus 50 ms, raises the limit (by two per answer until the first congestion,
-then by one per limit's worth of answers) while the limit is in use; a slower one lowers it by a tenth, a
-worker failure halves it; never below what the engine was seen running uncongested, and never below the last
-limit its metrics showed. So a healthy engine is never throttled by a missing signal (before: 8 streams at
-once, and 43,011 of 43,263 requests refused, against an engine serving 64).
+then by one per limit's worth of answers) while the limit is in use; three slower ones in a row lower it by a
+tenth (one alone is as likely this host's busy moment), a worker failure halves it; never below what the
+engine was seen running uncongested, and never below the last limit its metrics showed. While a limit is
+still growing, the queue does not refuse on its forecast (``still_learning``). So a healthy engine is never
+throttled by a missing signal (before: 8 streams at once, and 43,011 of 43,263 requests refused, against an
+engine serving 64).
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ SLACK_S = 0.05
 FORGET = 0.01  # how fast the least latency drifts up to what the engine answers in now
 BACK_OFF = 0.9  # a congested answer lowers the limit by a tenth; a failed worker halves it
 SLOW_START_STEP = 2.0
+SLOW_IN_ROW = 3  # congested answers in a row before the limit comes down
 
 
 def answered(worker: Worker, ceiling: int, held: int, latency: float, whole: bool = False) -> None:
@@ -117,6 +120,12 @@ def answered(worker: Worker, ceiling: int, held: int, latency: float, whole: boo
         learned.per_token_floor, uncongested = _within(learned.per_token_floor, latency)
     else:
         learned.ttft_floor, uncongested = _within(learned.ttft_floor, latency)
+    if not uncongested:
+        learned.slow_in_row += 1
+        if learned.slow_in_row < SLOW_IN_ROW:
+            return  # one slow answer may be a busy moment of this host, not a queue in the engine
+    else:
+        learned.slow_in_row = 0
     if uncongested:
         learned.demonstrated = max(float(held), learned.demonstrated - FORGET)
         if held >= limit / 2:  # the limit is in use: there is something to learn about more
@@ -140,6 +149,15 @@ def _within(floor: float, latency: float) -> tuple[float, bool]:
     """The floor moved by this latency (down at once, up slowly), and whether the latency was uncongested."""
     floor = latency if floor == 0 or latency < floor else floor + FORGET * (latency - floor)
     return floor, latency <= floor * TOLERANCE + SLACK_S
+
+
+def still_learning(worker: Worker, now: float, scheduling: SchedulingPolicy) -> bool:
+    """Is the worker's limit still growing towards what it can run (it has not shown its limit yet)?"""
+    if not worker.available(now):
+        return False
+    if now - worker.observed.scraped_at <= scheduling.stale_after_s:
+        return not worker.learned.limit_found
+    return worker.learned.slow_start
 
 
 def capacity(workers: list[Worker], spec: Pool, scheduling: SchedulingPolicy, now: float,

@@ -28,7 +28,7 @@ from gateway.errors import Shed, TenantBusy, Unavailable, UpstreamFailed
 from gateway.fleet.worker import Worker
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import DEFAULT_TTFT_P95_MS, TIERS, SchedulingPolicy
-from gateway.scheduling.capacity import answered, capacity, failed, learn
+from gateway.scheduling.capacity import answered, capacity, failed, learn, still_learning
 from gateway.scheduling.queues import PoolState, Waiter, held_back
 from gateway.state.replicas import ALONE, Share
 
@@ -96,7 +96,10 @@ class Controller:
         # Premium is never refused on a forecast: slots free in waves, so the forecast is coarse, and a premium
         # request served a little late costs less (one slow TTFT) than one refused (an error). It waits for its
         # deadline. The other classes are refused at once when the forecast says they would miss theirs.
-        predicted = self._predicted_wait(state, klass, now) if klass != "premium" else None
+        # Nor while the pool's capacity is still being learned (a fresh engine doubling its limit): the drain
+        # rate of the last seconds then says too little about the next ones, and would refuse what will fit.
+        learning = any(still_learning(w, now, scheduling) for w in state.workers)
+        predicted = self._predicted_wait(state, klass, now) if klass != "premium" and not learning else None
         if predicted is not None and predicted > deadline_s:
             raise self._shed(klass, "predicted_wait", predicted, "would wait past its class's deadline")
         self._make_room(state, scheduling, klass, size)
