@@ -53,7 +53,7 @@ def finish(ctx: RequestContext, metrics: GatewayMetrics, ledger: LedgerWriter | 
     logs.emit({
         "time": now, "request_id": ctx.request_id, "tenant": ctx.tenant.name if ctx.tenant else None,
         "tier": ctx.tenant.tier if ctx.tenant else None, "class": tier, "batch": ctx.batch,
-        "model": ctx.model, "endpoint": ctx.endpoint, "stream": ctx.stream, "worker": ctx.worker,
+        "model": ctx.model, "endpoint": ctx.endpoint, "stream": ctx.stream, "worker": ctx.worker, "route": ctx.route,
         "attempts": ctx.attempts, "status": ctx.status, "error": ctx.error,
         "prompt_tokens": ctx.prompt_tokens, "completion_tokens": ctx.completion_tokens,
         "cached_tokens": ctx.cached_tokens, "usage_estimated": ctx.usage_estimated,

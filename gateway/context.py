@@ -63,6 +63,7 @@ class RequestContext:
     cache: str | None = None  # cache.decision.decide: hit-exact | hit-semantic | miss | bypass
     cache_similarity: float | None = None  # cache.decision.decide
     worker: str | None = None  # upstream.dispatch
+    route: str | None = None  # upstream.dispatch: why that worker (prefix 12/25 | session | hash | load)
     attempts: int = 0  # upstream.dispatch
     prompt_tokens: int | None = None  # pipeline.run
     completion_tokens: int | None = None  # pipeline.run
@@ -79,6 +80,11 @@ class RequestContext:
     def label(self) -> str:
         """The class this request ran in, as metrics label it ("none" before authentication)."""
         return self.service_class if self.tenant else "none"
+
+    def server_timing(self) -> bytes:
+        """The stages so far, and the routing choice (as a Server-Timing description, no duration)."""
+        stages = self.timings.server_timing()
+        return stages + b', route;desc="' + self.route.encode() + b'"' if self.route else stages
 
     def response_headers(self) -> Headers:
         """The gateway's own headers on every answer, from what the steps so far decided."""

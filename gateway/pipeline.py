@@ -23,6 +23,7 @@ from gateway.policy.schema import TIERS
 from gateway.runtime import Gateway
 from gateway.scheduling.controller import Controller
 from gateway.sink import Sink
+from gateway.upstream.affinity import Affinity, of_request
 from gateway.upstream.dispatch import dispatch
 from gateway.upstream.pools import UpstreamPool
 from gateway.upstream.relay import Relayed, relay_body, relay_stream
@@ -70,12 +71,13 @@ class Lifecycle:
 
 
 async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_control: bytes = b"",
-              service_class: str | None = None) -> None:
+              service_class: str | None = None, session: str | None = None) -> None:
     """Answer one authenticated request (``ctx.tenant`` set) whose body is ``raw``; raise an outcome where it
     ends early. Run it inside a ``Lifecycle``.
 
     ``service_class`` is a class the caller asks for (the X-Tollgate-Class header, or "batch" for a batch
-    line); a request may run in a lower class than its tenant's tier, never a higher one."""
+    line); a request may run in a lower class than its tenant's tier, never a higher one. ``session`` names a
+    conversation (the X-Session-Id header) whose requests should go to one worker."""
     assert ctx.tenant is not None
     ctx.service_class = lower_class(ctx.tenant.tier, service_class)
     call = await openai_api.prepare(ctx, raw)
@@ -90,11 +92,12 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
     if pool is None:
         raise Unavailable(f"No worker pool serves the model '{ctx.model}' right now.", "upstream_unavailable")
     payload = await openai_api.serialise(call, ctx.service_class)
+    affinity = of_request(call.body, session) if len(pool.workers) > 1 and pool.spec.routing == "prefix" else None
     await gw.scheduler.admit(ctx, pool.admission, call.cost, call.size)
     relayed, ended = Relayed(), None
     try:
         await exchange(ctx, pool, payload, sink, relayed, (call.wants_usage, call.wants_continuous_usage),
-                       gw.scheduler, capture=decision is not None and decision.keep_answer)
+                       gw.scheduler, affinity, capture=decision is not None and decision.keep_answer)
     except BaseException as exc:
         ended = exc
         raise
@@ -106,9 +109,10 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
 
 
 async def exchange(ctx: RequestContext, pool: UpstreamPool, payload: bytes, sink: Sink, relayed: Relayed,
-                   usage: tuple[bool, bool], scheduler: Controller, capture: bool = False) -> None:
+                   usage: tuple[bool, bool], scheduler: Controller, affinity: Affinity | None = None,
+                   capture: bool = False) -> None:
     """Dispatch to a worker and relay its answer to the sink; ``relayed`` learns what went by."""
-    async with dispatch(ctx, pool, openai_api.PATHS[ctx.endpoint], payload) as (worker, response):
+    async with dispatch(ctx, pool, openai_api.PATHS[ctx.endpoint], payload, affinity) as (worker, response):
         if ctx.stream and response.status == 200:
             first = functools.partial(scheduler.first_token, pool.admission, worker, ctx.snapshot.policy.scheduling)
             await relay_stream(ctx, worker, response, sink, relayed, usage, pool.spec.cooldown_s, capture, first)
@@ -144,7 +148,7 @@ async def serve_hit(ctx: RequestContext, found: Lookup, sink: Sink, wants_usage:
     ctx.timings.first_byte()
     await sink.start(200, [*ctx.response_headers(), (b"content-type", content_type),
                            (b"content-length", str(len(body)).encode()), (b"cache-control", b"no-cache"),
-                           (b"server-timing", ctx.timings.server_timing())])
+                           (b"server-timing", ctx.server_timing())])
     await sink.send(body)
 
 

@@ -152,3 +152,41 @@ def test_gateway_scraper_reads_both_kv_metric_names() -> None:
     old = b'vllm:num_requests_running{model_name="m"} 1\nvllm:gpu_cache_usage_perc{model_name="m"} 0.5\n'
     assert parse_load(new) == {"running": 3.0, "waiting": 7.0, "kv_usage": 0.25}
     assert parse_load(old) == {"running": 1.0, "kv_usage": 0.5}
+
+
+def test_prefix_caching_prefills_only_what_follows_the_cached_prefix() -> None:
+    """vLLM's automatic prefix caching: a prompt that shares full blocks with an earlier one prefills only the
+    rest (and its last token), counted in prefix_queries/prefix_hits; blocks leave least recently used first."""
+    import random as rnd
+
+    from workers.sim.engine import Engine, EngineConfig, Sequence, block_hashes
+
+    async def main() -> None:
+        engine = Engine(EngineConfig(num_blocks=8, block_size=4, decode_base_s=0, decode_per_seq_s=0,
+                                     prefill_per_token_s=0, max_num_seqs=4))
+        engine.start()
+        system = list(range(16))  # four full blocks
+
+        async def run(ids: list[int]) -> Sequence:
+            seq = Sequence("r", prompt_tokens=len(ids), max_tokens=1, rng=rnd.Random(0),
+                           block_hashes=block_hashes(ids, 4))
+            engine.submit(seq)
+            while seq.finish_reason is None:
+                await seq.wake.wait()
+                seq.wake.clear()
+            return seq
+
+        first = await run([*system, 100, 101])
+        assert first.cached_tokens == 0
+        second = await run([*system, 200, 201, 202])
+        assert second.cached_tokens == 16, "the four shared blocks"
+        whole = await run(system)
+        assert whole.cached_tokens == 15, "a full hit still computes the last token"
+        other = await run([999, *system])  # shifted by one token: no block is the same
+        assert other.cached_tokens == 0
+        assert (engine.stats.prefix_queries, engine.stats.prefix_hits) == (18 + 19 + 16 + 17, 31)
+        for i in range(3):  # 12 new blocks through an 8-block cache: the system prompt's blocks go
+            await run([1000 * (i + 1) + j for j in range(16)])
+        assert (await run([*system, 7])).cached_tokens == 0
+        await engine.stop()
+    asyncio.run(main())

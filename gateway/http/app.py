@@ -65,8 +65,10 @@ class Completions:
             ctx.tenant, ctx.key_id = identify(headers.get(b"authorization"), snapshot)
             raw = await read_body(receive, headers, snapshot.policy.server.max_body_bytes)
             asked = headers.get(b"x-tollgate-class")
+            session = headers.get(b"x-session-id")
             if await until_disconnect(pipeline.run(gw, ctx, raw, sink, headers.get(b"cache-control", b""),
-                                                   asked.decode("latin-1").strip().lower() if asked else None),
+                                                   asked.decode("latin-1").strip().lower() if asked else None,
+                                                   session.decode("latin-1")[:256] if session else None),
                                       receive):
                 raise ClientGone("The client disconnected.")
 

@@ -117,6 +117,9 @@ class Pool(Strict):
     autoscaling: Autoscaling = Autoscaling()
     engine_priority: bool = Field(False, description="workers run --scheduling-policy priority: send vLLM's "
                                   "'priority' field (premium lowest)")
+    routing: Literal["prefix", "load", "round_robin"] = Field(
+        "prefix", description="prefix: to the worker likely holding the prompt's prefix in its KV cache, within a "
+        "load bound; load: the least loaded; round_robin: in turn (for comparison)")
 
 
 class ModelRoute(Strict):

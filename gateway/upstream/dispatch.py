@@ -18,9 +18,10 @@ from gateway.context import RequestContext
 from gateway.errors import Unavailable
 from gateway.fleet.observe import cool_down
 from gateway.fleet.worker import Worker
+from gateway.upstream.affinity import Affinity, choose
 from gateway.upstream.errors import COOLDOWN_STATUS, RETRYABLE_STATUS, UpstreamFailed, worker_errors
 from gateway.upstream.pools import UpstreamPool
-from gateway.upstream.routing import pick
+from gateway.upstream.routing import in_turn, pick
 
 # Set by aiohttp's trace hook in the request's own task: when the request head was written to the worker.
 _head_sent_at: contextvars.ContextVar[list[float]] = contextvars.ContextVar("head_sent_at")
@@ -40,9 +41,11 @@ def connect_trace() -> aiohttp.TraceConfig:
 
 
 @contextlib.asynccontextmanager
-async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str,
-                   payload: bytes) -> AsyncIterator[tuple[Worker, aiohttp.ClientResponse]]:
+async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: bytes,
+                   affinity: Affinity | None = None) -> AsyncIterator[tuple[Worker, aiohttp.ClientResponse]]:
     """``async with dispatch(...) as (worker, response):`` the response head of a worker that took the request.
+    The first try goes where the request's ``affinity`` says its prompt's prefix is cached (if the pool has a
+    choice), a retry to the least loaded of the others.
 
     Raises Unavailable when no worker is available, UpstreamFailed when every try failed."""
     assert pool.session is not None
@@ -50,7 +53,16 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str,
     failure: UpstreamFailed | None = None
     headers = {"content-type": "application/json", "x-request-id": ctx.request_id}
     for attempt in range(2):
-        worker = pick(pool.workers, exclude)
+        if attempt == 0 and pool.spec.routing == "round_robin":
+            worker, ctx.route = in_turn(pool.workers), "round_robin"
+        elif attempt == 0 and affinity is not None and pool.spec.routing == "prefix" and len(pool.workers) > 1:
+            now = time.monotonic()
+            route = choose(pool.workers, [w for w in pool.workers if w.available(now)], affinity, pool.prefixes)
+            worker = route.worker if route is not None else None
+            ctx.route = route.describe() if route is not None else None
+        else:
+            worker = pick(pool.workers, exclude)
+            ctx.route = "load" if len(pool.workers) > 1 else None
         if worker is None:
             break
         if attempt:

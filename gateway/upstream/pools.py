@@ -20,6 +20,7 @@ from gateway.fleet.worker import Worker
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import Pool
 from gateway.scheduling.queues import PoolState
+from gateway.upstream.affinity import PrefixIndex
 
 
 def session(spec: Pool, traces: list[aiohttp.TraceConfig] | None = None) -> aiohttp.ClientSession:
@@ -57,6 +58,7 @@ class UpstreamPool:
         self.metrics = metrics
         self.workers = [Worker(str(url).rstrip("/"), name) for url in spec.workers]
         self.admission = PoolState(name, self.workers, spec)  # its queues and counts (gateway.scheduling)
+        self.prefixes = PrefixIndex()  # which worker recently got which prompt blocks (affinity)
         # connect: pool wait + TCP connect; sock_read: the longest silence between upstream bytes
         self.timeout = aiohttp.ClientTimeout(total=None, connect=spec.connect_timeout_s,
                                              sock_read=spec.read_timeout_s)
@@ -141,6 +143,7 @@ class Upstreams:
             if current is not None:  # queued and admitted requests stay counted, now against the new workers
                 pool.admission = current.admission
                 pool.admission.workers, pool.admission.spec = pool.workers, spec
+                pool.prefixes = current.prefixes  # a worker kept keeps what it holds
             started.append(pool.start())
             self.pools[name] = pool
             if current is not None:

@@ -152,7 +152,7 @@ async def relay_stream(ctx: RequestContext, worker: Worker, response: aiohttp.Cl
     if first_token is not None:  # the engine's TTFT, without the gateway's queue wait: a capacity signal
         first_token(worker.inflight, ctx.timings.ttft - (ctx.timings.queue_wait or 0.0))  # type: ignore[operator]
     await sink.start(200, [*ctx.response_headers(), *_SSE_HEADERS,
-                           (b"server-timing", ctx.timings.server_timing())])
+                           (b"server-timing", ctx.server_timing())])
     failure: UpstreamFailed | None = None
     try:
         with worker_errors(worker, "stream", cooldown_s):
@@ -221,6 +221,6 @@ async def relay_body(ctx: RequestContext, worker: Worker, response: aiohttp.Clie
         *ctx.response_headers(),
         (b"content-type", response.headers.get("Content-Type", "application/json").encode()),
         (b"content-length", str(len(body)).encode()),
-        (b"server-timing", ctx.timings.server_timing()),
+        (b"server-timing", ctx.server_timing()),
     ])
     await sink.send(body)

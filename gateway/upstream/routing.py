@@ -1,4 +1,4 @@
-"""Pick the worker for a request from live load."""
+"""Pick the worker for a request from live load (prefix affinity, when a request has one, is in affinity.py)."""
 
 from __future__ import annotations
 
@@ -24,3 +24,15 @@ def pick(workers: Sequence[Worker], exclude: Collection[Worker] = ()) -> Worker 
         if best is None or worker.load < best.load:
             best = worker
     return best
+
+
+def in_turn(workers: Sequence[Worker]) -> Worker | None:
+    """The next available worker in turn, whatever its load (round robin, to compare routings against)."""
+    now = time.monotonic()
+    n = len(workers)
+    start = next(_rotation)
+    for i in range(n):
+        worker = workers[(start + i) % n]
+        if worker.available(now):
+            return worker
+    return None

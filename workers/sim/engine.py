@@ -9,12 +9,17 @@ is tuned against the right shape rather than against a constant delay:
   priority) running one, which is recomputed later (vLLM's recompute preemption);
 - chunked prefill: at most ``max_num_batched_tokens`` tokens (prefill + decode) per step;
 - step time = base + per-sequence term + per-prefill-token term, so total tokens/s rises with the
-  batch while TPOT worsens, as on a GPU.
+  batch while TPOT worsens, as on a GPU;
+- automatic prefix caching, as vLLM's: a prompt's full blocks are named by a chain of hashes (each over
+  its tokens and the hash before it), blocks of earlier prompts stay cached (least recently used first out,
+  ``num_blocks`` at most), and a new prompt prefills only what follows its longest cached prefix (at least
+  its last token); the tokens asked for and found count in ``prefix_cache_queries``/``hits``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import itertools
 import math
@@ -57,6 +62,8 @@ class Sequence:
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
     priority: int = 0
+    block_hashes: tuple[int, ...] = ()  # the prompt's full blocks, chained (see block_hashes())
+    cached_tokens: int = 0  # prompt tokens its prefill found in the prefix cache
     arrival: float = field(default_factory=time.monotonic)
     output: list[str] = field(default_factory=list)
     finish_reason: FinishReason | None = None
@@ -87,6 +94,8 @@ class EngineStats:
     preemptions: int = 0
     aborted: int = 0
     held_max: int = 0  # most requests held at once (running + waiting): what clients in total sent it
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_hits: int = 0  # ... and found there
     finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})
 
 
@@ -99,6 +108,7 @@ class Engine:
         self.config = config
         self.stats = EngineStats()
         self.free_blocks = config.num_blocks
+        self.cached: collections.OrderedDict[int, None] = collections.OrderedDict()  # block hash, LRU first
         self.running: list[Sequence] = []
         self._waiting: list[tuple[int, int, Sequence]] = []
         self._order = itertools.count()
@@ -177,8 +187,27 @@ class Engine:
             seq.blocks = need
             if seq.scheduled_at is None:
                 seq.scheduled_at = time.monotonic()
+                self._reuse_prefix(seq)
             seq.state = "running"
             self.running.append(seq)
+
+    def _reuse_prefix(self, seq: Sequence) -> None:
+        """Start the prefill after the longest cached run of the prompt's blocks; cache all of them."""
+        size = self.config.block_size
+        hit = 0
+        for block in seq.block_hashes:
+            if block not in self.cached:
+                break
+            hit += 1
+        seq.cached_tokens = min(hit * size, seq.prompt_tokens - 1)  # the last token is always computed
+        seq.computed = max(seq.computed, seq.cached_tokens)
+        self.stats.prefix_queries += seq.prompt_tokens
+        self.stats.prefix_hits += seq.cached_tokens
+        for block in seq.block_hashes:
+            self.cached[block] = None
+            self.cached.move_to_end(block)
+        while len(self.cached) > self.config.num_blocks:
+            self.cached.popitem(last=False)
 
     def _plan(self) -> list[tuple[Sequence, int]]:
         """Tokens each running sequence computes this step: 1 to decode, or a chunk of its prefill.
@@ -295,3 +324,13 @@ class Engine:
 
     def _blocks_for(self, tokens: int) -> int:
         return math.ceil(tokens / self.config.block_size)
+
+
+def block_hashes(token_ids: list[int], block_size: int) -> tuple[int, ...]:
+    """The chained hashes of a prompt's full blocks, as vLLM names them: a block is the same block only if
+    everything before it is the same too."""
+    hashes, previous = [], 0
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        previous = hash((previous, *token_ids[start:start + block_size]))
+        hashes.append(previous)
+    return tuple(hashes)

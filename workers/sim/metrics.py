@@ -26,6 +26,10 @@ class SimMetrics:
         self._prompt = Counter("vllm:prompt_tokens", "Prefill tokens processed.", labels, registry=r)
         self._generation = Counter("vllm:generation_tokens", "Generation tokens processed.", labels, registry=r)
         self._preemptions = Counter("vllm:num_preemptions", "Cumulative preemptions.", labels, registry=r)
+        self._prefix_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                                       labels, registry=r)
+        self._prefix_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", labels,
+                                    registry=r)
         self._success = Counter("vllm:request_success", "Finished requests.", [*labels, "finished_reason"],
                                 registry=r)
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", labels,
@@ -44,11 +48,13 @@ class SimMetrics:
         self.injected_errors = Counter("tollgate_sim_injected_errors", "Errors injected on purpose.", ["status"],
                                        registry=r)
         self._model = model_name
-        for metric in (self._running, self._waiting, self._kv, self._prompt, self._generation, self._preemptions):
+        for metric in (self._running, self._waiting, self._kv, self._prompt, self._generation, self._preemptions,
+                       self._prefix_queries, self._prefix_hits):
             metric.labels(model_name, "0")  # exported from the start, as vLLM does
         for reason in ("stop", "length", "abort", "error"):
             self._success.labels(model_name, "0", reason)
-        self._seen = {"prompt": 0, "generation": 0, "preemptions": 0, "aborted": 0}
+        self._seen = {"prompt": 0, "generation": 0, "preemptions": 0, "aborted": 0, "prefix_queries": 0,
+                      "prefix_hits": 0}
 
     def on_finish(self, seq: Sequence) -> None:
         """Called by the engine when a sequence ends. Like vLLM 0.32, a client abort is not a 'success' of any
@@ -75,6 +81,8 @@ class SimMetrics:
             ("prompt", self._prompt, stats.prompt_tokens),
             ("generation", self._generation, stats.generation_tokens),
             ("preemptions", self._preemptions, stats.preemptions),
+            ("prefix_queries", self._prefix_queries, stats.prefix_queries),
+            ("prefix_hits", self._prefix_hits, stats.prefix_hits),
             ("aborted", None, stats.aborted),
         ):
             delta = value - self._seen[name]

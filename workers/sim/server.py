@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from workers.sim import tokenizer
-from workers.sim.engine import Engine, EngineConfig, Sequence
+from workers.sim.engine import Engine, EngineConfig, Sequence, block_hashes
 from workers.sim.metrics import SimMetrics
 
 Scope = MutableMapping[str, Any]
@@ -233,6 +233,7 @@ class SimServer:
             request_id=uuid.uuid4().hex, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
             rng=tokenizer.output_rng(seed if isinstance(seed, int) else self.config.seed, prompt_text),
             min_tokens=min_tokens, ignore_eos=bool(body.get("ignore_eos")), stop=tuple(stop), priority=priority,
+            block_hashes=block_hashes(tokenizer.token_ids(prompt_text), self.config.block_size),
         )
 
 
@@ -343,11 +344,14 @@ class Generation:
         return b',"usage":' + orjson.dumps({"prompt_tokens": prompt, "total_tokens": prompt + completion,
                                             "completion_tokens": completion})
 
-    def _usage(self) -> dict[str, int]:
+    def _usage(self) -> dict[str, Any]:
         seq = self.seq
         completion = len(seq.output)
-        return {"prompt_tokens": seq.prompt_tokens, "total_tokens": seq.prompt_tokens + completion,
-                "completion_tokens": completion}
+        usage: dict[str, Any] = {"prompt_tokens": seq.prompt_tokens, "total_tokens": seq.prompt_tokens + completion,
+                                 "completion_tokens": completion}
+        if seq.cached_tokens:
+            usage["prompt_tokens_details"] = {"cached_tokens": seq.cached_tokens}
+        return usage
 
 
 async def _wait_disconnect(receive: Receive) -> None:
