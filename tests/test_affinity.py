@@ -1,0 +1,66 @@
+"""Prefix-cache affinity in-process: the same prefix goes where it went, within a load bound; a new prefix
+and a conversation go where they hash, the same in every process."""
+
+from __future__ import annotations
+
+from gateway.upstream.affinity import LOAD_BOUND, PrefixIndex, choose, of_request
+from tests.fakes import live_worker
+
+SYSTEM = "You are a careful assistant for the billing team. " * 20  # ~1 KB: 16 blocks
+
+
+def chat(question: str, system: str = SYSTEM, user: str | None = None) -> dict[str, object]:
+    body: dict[str, object] = {"model": "m", "messages": [{"role": "system", "content": system},
+                                                         {"role": "user", "content": question}]}
+    if user:
+        body["user"] = user
+    return body
+
+
+def test_a_prompt_is_named_by_its_prefix() -> None:
+    one, two = of_request(chat("What is a refund?")), of_request(chat("How do I pay?"))
+    assert one is not None and two is not None
+    shared = next(i for i, (a, b) in enumerate(zip(one.blocks, two.blocks, strict=False)) if a != b)
+    assert shared >= 15, "the system prompt's blocks are the same, whatever follows"
+    other = of_request(chat("What is a refund?", system="Another tenant's prompt. " * 40))
+    assert other is not None and other.blocks[0] != one.blocks[0]
+    assert of_request({"model": "m", "messages": [{"role": "user", "content": "hi"}]}) is None, "nothing to go by"
+    assert of_request({"model": "m", "prompt": "x" * 200}).blocks  # type: ignore[union-attr]
+
+
+def test_the_same_prefix_goes_where_it_went_until_that_worker_is_too_busy() -> None:
+    workers = [live_worker(f"http://w{i}") for i in range(4)]
+    index = PrefixIndex()
+    first = choose(workers, workers, of_request(chat("q1")), index)  # type: ignore[arg-type]
+    assert first is not None and first.how == "hash"
+    again = choose(workers, workers, of_request(chat("q2")), index)  # type: ignore[arg-type]
+    assert again is not None and (again.worker, again.how) == (first.worker, "prefix")
+    assert again.matched >= 15 and again.describe().startswith("prefix ")
+    first.worker.inflight = 10  # far past LOAD_BOUND x the mean (2.5) + 1
+    assert LOAD_BOUND * 2.5 + 1 < 10
+    spilled = choose(workers, workers, of_request(chat("q3")), index)  # type: ignore[arg-type]
+    assert spilled is not None and spilled.worker is not first.worker and spilled.how == "load"
+    down = [w for w in workers if w is not spilled.worker]
+    back = choose(workers, down, of_request(chat("q4")), index)  # type: ignore[arg-type]
+    assert back is not None and back.worker in down
+
+
+def test_a_new_prefix_and_a_conversation_hash_alike_in_every_process() -> None:
+    workers = [live_worker(f"http://w{i}") for i in range(4)]
+    homes = {choose(workers, workers, of_request(chat("q", system=f"tenant {t} " * 30)),  # type: ignore[arg-type]
+                    PrefixIndex()).worker.url for t in range(40)}  # type: ignore[union-attr]
+    assert len(homes) == 4, "new prefixes spread over the pool"
+    a = choose(workers, workers, of_request(chat("hi", system="s", user="conv-7")), PrefixIndex())  # type: ignore
+    b = choose(list(reversed(workers)), workers, of_request(chat("more", system="s", user="conv-7")),  # type: ignore
+               PrefixIndex())
+    assert a is not None and b is not None and a.worker is b.worker and a.how == "session"
+
+
+def test_the_index_is_bounded_and_forgets_a_worker() -> None:
+    index = PrefixIndex(size=10)
+    index.remember(list(range(8)), "http://a")
+    index.remember(list(range(100, 108)), "http://b")
+    assert len(index) == 10 and index.longest([100, 101, 102]) == ("http://b", 3)
+    assert index.longest([0, 1]) == (None, 0), "the oldest went first"
+    index.forget("http://b")
+    assert index.longest([100]) == (None, 0)
