@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from gateway.batches.lines import ENDPOINTS
 from gateway.batches.runner import BatchRunner
-from gateway.batches.store import FileRecord, new_id
+from gateway.batches.store import BatchRecord, FileRecord, new_id
 from gateway.errors import Conflict, InvalidRequest, NotFound, QuotaExceeded, TooLarge
 from gateway.http.asgi import Message, read_body, request_headers
 from gateway.http.guards import tenant_of
@@ -86,6 +86,7 @@ async def upload(request: Request) -> Response:
         await form.close()
     return json_response(record.to_openai())
 
+
 async def list_files(request: Request) -> Response:
     tenant, runner = tenant_of(request), runner_of(request)
     store = runner.store
@@ -98,8 +99,10 @@ async def list_files(request: Request) -> Response:
                            order == "desc")
     return _page([f.to_openai() for f in found], limit)
 
+
 async def get_file(request: Request) -> Response:
     return json_response((await _file(request, tenant_of(request))).to_openai())
+
 
 async def file_content(request: Request) -> Response:
     tenant, runner = tenant_of(request), runner_of(request)
@@ -117,6 +120,7 @@ async def file_content(request: Request) -> Response:
         "content-length": str(record.bytes),
         "content-disposition": f'attachment; filename="{_header_safe(record.filename)}"', **NOSNIFF})
 
+
 async def delete_file(request: Request) -> Response:
     tenant, runner = tenant_of(request), runner_of(request)
     store = runner.store
@@ -125,6 +129,7 @@ async def delete_file(request: Request) -> Response:
         raise _no_such("file", file_id)
     return json_response({"id": file_id, "object": "file", "deleted": True})
 
+
 async def _file(request: Request, tenant: TenantView) -> FileRecord:
     store = runner_of(request).store
     file_id = request.path_params["file_id"]
@@ -132,6 +137,7 @@ async def _file(request: Request, tenant: TenantView) -> FileRecord:
     if record is None:
         raise _no_such("file", file_id)
     return record
+
 
 async def create_batch(request: Request) -> Response:
     tenant, runner = tenant_of(request), runner_of(request)
@@ -157,6 +163,7 @@ async def create_batch(request: Request) -> Response:
     runner.drive(record.id)
     return json_response(record.to_openai())
 
+
 async def list_batches(request: Request) -> Response:
     tenant, runner = tenant_of(request), runner_of(request)
     store = runner.store
@@ -164,22 +171,25 @@ async def list_batches(request: Request) -> Response:
     found = await store.do(store.list_batches, tenant.name, limit + 1, request.query_params.get("after"))
     return _page([b.to_openai() for b in found], limit)
 
-async def get_batch(request: Request) -> Response:
-    tenant, runner = tenant_of(request), runner_of(request)
-    store = runner.store
+
+async def _batch(request: Request, tenant: TenantView) -> BatchRecord:
+    store = runner_of(request).store
     batch_id = request.path_params["batch_id"]
     record = await store.do(store.get_batch, batch_id, tenant.name)
     if record is None:
         raise _no_such("batch", batch_id)
-    return json_response(record.to_openai())
+    return record
+
+
+async def get_batch(request: Request) -> Response:
+    return json_response((await _batch(request, tenant_of(request))).to_openai())
+
 
 async def cancel_batch(request: Request) -> Response:
     tenant, runner = tenant_of(request), runner_of(request)
     store = runner.store
-    batch_id = request.path_params["batch_id"]
-    record = await store.do(store.get_batch, batch_id, tenant.name)
-    if record is None:
-        raise _no_such("batch", batch_id)
+    record = await _batch(request, tenant)
+    batch_id = record.id
     moved = await store.do(store.set_status, batch_id, "cancelling", ("validating", "in_progress"))
     if not moved and record.status not in ("cancelling", "cancelled"):
         raise Conflict(f"A batch with status '{record.status}' cannot be cancelled.", "batch_not_cancellable")
@@ -201,8 +211,6 @@ ROUTES = [
     Route("/v1/batches/{batch_id}", get_batch, methods=["GET"]),
     Route("/v1/batches/{batch_id}/cancel", cancel_batch, methods=["POST"]),
 ]
-
-
 
 
 def _check_quota(batches: BatchPolicy, files: int, bytes_: int) -> None:
