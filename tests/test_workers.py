@@ -156,3 +156,42 @@ def test_an_engine_whose_metrics_say_nothing_is_served_in_full(start_sim: Callab
     queues = httpx.get(gw.url + "/admin/queues", timeout=10,
                        headers={"authorization": "Bearer tg-test-admin-token"}).json()["pools"]["main"]
     assert max(queues["stream_limits"].values()) > 8, ("learned above where it starts", queues)
+
+
+def test_a_metrics_page_in_many_pieces_is_read_whole() -> None:
+    """The load gauges may come late in a page larger than one read (vLLM lists them after histograms)."""
+    import asyncio
+
+    from aiohttp import web
+
+    from gateway.fleet.observe import scrape
+    from tests.fakes import live_worker
+
+    page = (b"# filler\n" + b"vllm:some_histogram_bucket{le=\"1\"} 1\n" * 20_000
+            + b"vllm:num_requests_running{model_name=\"m\"} 3.0\nvllm:num_requests_waiting{model_name=\"m\"} 2.0\n")
+
+    async def main() -> tuple[float, float]:
+        async def metrics(request: web.Request) -> web.StreamResponse:
+            reply = web.StreamResponse()
+            await reply.prepare(request)
+            for i in range(0, len(page), 4096):  # in pieces, as a slow exporter writes
+                await reply.write(page[i:i + 4096])
+                await asyncio.sleep(0)
+            return reply
+        async def health(request: web.Request) -> web.Response:
+            return web.Response(text="")
+        app = web.Application()
+        app.add_routes([web.get("/health", health), web.get("/metrics", metrics)])
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        worker = live_worker(f"http://127.0.0.1:{port}")
+        import aiohttp
+        async with aiohttp.ClientSession() as session:
+            await scrape(worker, session, aiohttp.ClientTimeout(total=5))
+        await runner.cleanup()
+        return worker.observed.running, worker.observed.waiting
+
+    assert asyncio.run(main()) == (3.0, 2.0)

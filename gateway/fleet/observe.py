@@ -119,10 +119,14 @@ async def _read_load(worker: Worker, session: aiohttp.ClientSession,
             if metrics.status != 200:
                 observed.metrics_error = f"/metrics answered {metrics.status}"
                 return None
-            text = await metrics.content.read(MAX_METRICS_BYTES + 1)
-            if len(text) > MAX_METRICS_BYTES:
-                observed.metrics_error = f"/metrics is over {MAX_METRICS_BYTES} bytes"
-                return None
+            parts, size = [], 0
+            while chunk := await metrics.content.read(64 * 1024):  # read() gives what has come, not all
+                parts.append(chunk)
+                size += len(chunk)
+                if size > MAX_METRICS_BYTES:
+                    observed.metrics_error = f"/metrics is over {MAX_METRICS_BYTES} bytes"
+                    return None
+            text = b"".join(parts)
     except (aiohttp.ClientError, TimeoutError) as exc:
         observed.metrics_error = describe(exc)
         return None
