@@ -30,7 +30,9 @@ _GAUGES: dict[bytes, str] = {
 _FIRST = tuple({prefix.split(b":")[0].split(b"_")[0] for prefix in _GAUGES})  # b"vllm", b"sglang", b"tgi"
 MAX_METRICS_BYTES = 4 * 1024 * 1024  # vLLM's is ~100 KB; a larger page is not read (a broken exporter)
 PARSE_ON_LOOP_BYTES = 256 * 1024
-METRICS_BACKOFF_MAX_S = 30.0  # a failing /metrics is retried after 1, 2, 4 ... 30 s
+METRICS_BACKOFF_MAX_S = 30.0  # a /metrics that is missing, too large or unknown is retried after 1, 2, 4 ... 30 s
+_TRANSIENT = ("TimeoutError", "ServerTimeoutError", "SocketTimeoutError", "ClientConnectorError",
+              "ServerDisconnectedError", "ClientOSError")  # a slow or dropped read: read again next round
 
 
 def cool_down(worker: Worker, reason: str, cooldown_s: float) -> None:
@@ -101,7 +103,8 @@ async def scrape(worker: Worker, session: aiohttp.ClientSession, request_timeout
     load = await _read_load(worker, session, request_timeout)
     if load is None:  # the last good reading stands, and ages: capacity falls back to the request stream
         observed.metrics_failures += 1
-        observed.metrics_next = now + min(METRICS_BACKOFF_MAX_S, 0.5 * 2 ** min(observed.metrics_failures, 10))
+        if not observed.metrics_error.startswith(_TRANSIENT):  # type: ignore[union-attr]
+            observed.metrics_next = now + min(METRICS_BACKOFF_MAX_S, 0.5 * 2 ** min(observed.metrics_failures, 10))
         return
     observed.metrics_failures = 0
     observed.running = load.get("running", 0.0)

@@ -78,6 +78,10 @@ def learn(worker: Worker, ceiling: int, wanted: bool = False) -> None:
             # long), then a quarter at a time
             current = current + (current if not learned.limit_found else max(1, current // 4))
     learned.limit = min(ceiling, current)
+    # the request stream's learner goes on from here if the metrics fall silent (never from a guess of its own
+    # made while the metrics held the limit: it would grow past what the engine runs, unseen)
+    learned.stream_limit = float(learned.limit)
+    learned.slow_start = not learned.limit_found
 
 
 def worker_slots(worker: Worker, spec: Pool, scheduling: SchedulingPolicy, now: float,
