@@ -57,6 +57,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", default="loadtest/results")
     parser.add_argument("--duration", type=float, help="seconds of load per gateway (default: the scenario's)")
+    parser.add_argument("--worker-metrics", choices=("ok", "missing", "hang", "huge"), default="ok",
+                        help="what the workers' /metrics does (missing: an engine without vLLM's metrics)")
     args = parser.parse_args()
     spec = load_spec(args.spec)
     results: dict[str, Run] = {}
@@ -65,7 +67,7 @@ def main() -> None:
         gateways = {}
         try:
             for mode in ("priority", "fifo"):
-                sims = [start_sim(Path(tmp), *SIM_FLAGS) for _ in range(2)]
+                sims = [start_sim(Path(tmp), *SIM_FLAGS, "--metrics", args.worker_metrics) for _ in range(2)]
                 procs += sims
                 gateways[mode] = start_gateway(Path(tmp), gateway_policy([s.url for s in sims], mode))
                 procs.append(gateways[mode])

@@ -45,7 +45,7 @@ class Learned:
     ttft_floor: float = 0.0  # the engine's TTFT when it is not congested (the least seen, slowly forgotten)
     per_token_floor: float = 0.0  # the same for a whole (non-streamed) answer, per output token
     demonstrated: float = 0.0  # the most requests it held while answering uncongested (slowly forgotten)
-    slow_in_row: int = 0  # congested answers in a row (one alone may be the machine, not the engine)
+    recent_slow: collections.deque[bool] = field(default_factory=lambda: collections.deque(maxlen=8))
 
 
 @dataclass(slots=True)

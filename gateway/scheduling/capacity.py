@@ -13,13 +13,14 @@ max_inflight_per_worker. It starts at START_LIMIT, not the ceiling.
 
 An engine whose metrics say nothing (no /metrics, one that hangs or is malformed, names the gateway does not
 know, or a reading older than ``stale_after_s``) is not held to what it last showed: its limit then comes from
-the requests it answers (``answered``, ``failed``), as a TCP window or Netflix's concurrency-limits would learn it. Each
-answer whose engine-side latency (TTFT without the gateway's queue wait; per output token for a whole answer)
+the requests it answers (``answered``, ``failed``), as a TCP window or Netflix's concurrency-limits would learn
+it. Each answer whose engine-side latency (TTFT without the gateway's queue wait; per output token for a whole answer)
 stays within twice the least seen, plus 50 ms, raises the limit (by two per answer until the first congestion,
-then by one per limit's worth of answers) while the limit is in use; three slower ones in a row lower it by a
-tenth (one alone is as likely this host's busy moment), a worker failure halves it; never below what the
-engine was seen running uncongested, and never below the last limit its metrics showed. While a limit is
-still growing, the queue does not refuse on its forecast (``still_learning``). So a healthy engine is never
+then by one per limit's worth of answers) while the limit is in use and none of the last eight answers was
+slow; two slow ones among the last eight lower it by a tenth (one alone is as likely this host's busy moment),
+a worker failure halves it; never below what the engine held through eight answers in a row uncongested,
+and never below the last limit its metrics showed. While a limit is still growing, the queue does not refuse
+on its forecast (``still_learning``). So a healthy engine is never
 throttled by a missing signal (before: 8 streams at once, and 43,011 of 43,263 requests refused, against an
 engine serving 64).
 """
@@ -111,7 +112,7 @@ SLACK_S = 0.05
 FORGET = 0.01  # how fast the least latency drifts up to what the engine answers in now
 BACK_OFF = 0.9  # a congested answer lowers the limit by a tenth; a failed worker halves it
 SLOW_START_STEP = 2.0
-SLOW_IN_ROW = 3  # congested answers in a row before the limit comes down
+SLOW_OF_RECENT = 2  # congested answers among the last eight before the limit comes down
 
 
 def answered(worker: Worker, ceiling: int, held: int, latency: float, whole: bool = False) -> None:
@@ -124,15 +125,17 @@ def answered(worker: Worker, ceiling: int, held: int, latency: float, whole: boo
         learned.per_token_floor, uncongested = _within(learned.per_token_floor, latency)
     else:
         learned.ttft_floor, uncongested = _within(learned.ttft_floor, latency)
-    if not uncongested:
-        learned.slow_in_row += 1
-        if learned.slow_in_row < SLOW_IN_ROW:
-            return  # one slow answer may be a busy moment of this host, not a queue in the engine
-    else:
-        learned.slow_in_row = 0
+    recent = learned.recent_slow
+    recent.append(not uncongested)
+    slow = sum(recent)
+    if not uncongested and slow < SLOW_OF_RECENT:
+        return  # one slow answer may be a busy moment of this host, not a queue in the engine
     if uncongested:
-        learned.demonstrated = max(float(held), learned.demonstrated - FORGET)
-        if held >= limit / 2:  # the limit is in use: there is something to learn about more
+        if not slow and len(recent) == recent.maxlen:  # a run of answers with no queue at this many held
+            learned.demonstrated = max(float(held), learned.demonstrated - FORGET)
+        if slow:
+            pass  # some of the last answers queued in the engine: hold here
+        elif held >= limit / 2:  # the limit is in use: there is something to learn about more
             # slow start: two more per answer, so the limit still doubles each round when the classes below
             # premium may use only part of it (premium_reserve), and so only part of it answers
             limit += SLOW_START_STEP if learned.slow_start else 1.0 / limit
