@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from gateway.batches.lines import ENDPOINTS
 from gateway.batches.runner import BatchRunner
-from gateway.batches.store import BatchRecord, FileRecord, new_id
+from gateway.batches.store import BatchRecord, BatchStore, FileRecord, new_id
 from gateway.errors import Conflict, InvalidRequest, NotFound, QuotaExceeded, TooLarge
 from gateway.http.asgi import Message, read_body, request_headers
 from gateway.http.guards import tenant_of
@@ -37,6 +37,10 @@ MULTIPART_OVERHEAD = 64 * 1024  # form boundaries and the other fields, beyond t
 
 def runner_of(request: Request) -> BatchRunner:
     return request.app.state.batches  # type: ignore[no-any-return]
+
+
+def store_of(request: Request) -> BatchStore:
+    return runner_of(request).store
 
 
 async def upload(request: Request) -> Response:
@@ -88,8 +92,7 @@ async def upload(request: Request) -> Response:
 
 
 async def list_files(request: Request) -> Response:
-    tenant, runner = tenant_of(request), runner_of(request)
-    store = runner.store
+    tenant, store = tenant_of(request), store_of(request)
     q = request.query_params
     limit = _limit(q.get("limit"), 10_000)
     order = q.get("order", "desc")
@@ -105,8 +108,7 @@ async def get_file(request: Request) -> Response:
 
 
 async def file_content(request: Request) -> Response:
-    tenant, runner = tenant_of(request), runner_of(request)
-    store = runner.store
+    tenant, store = tenant_of(request), store_of(request)
     record = await _file(request, tenant)
     first = await store.do(store.read_chunk, record.id, 0)
 
@@ -122,8 +124,7 @@ async def file_content(request: Request) -> Response:
 
 
 async def delete_file(request: Request) -> Response:
-    tenant, runner = tenant_of(request), runner_of(request)
-    store = runner.store
+    tenant, store = tenant_of(request), store_of(request)
     file_id = request.path_params["file_id"]
     if not await store.do(store.delete_file, tenant.name, file_id):
         raise _no_such("file", file_id)
@@ -131,7 +132,7 @@ async def delete_file(request: Request) -> Response:
 
 
 async def _file(request: Request, tenant: TenantView) -> FileRecord:
-    store = runner_of(request).store
+    store = store_of(request)
     file_id = request.path_params["file_id"]
     record = await store.do(store.get_file, tenant.name, file_id)
     if record is None:
@@ -165,15 +166,14 @@ async def create_batch(request: Request) -> Response:
 
 
 async def list_batches(request: Request) -> Response:
-    tenant, runner = tenant_of(request), runner_of(request)
-    store = runner.store
+    tenant, store = tenant_of(request), store_of(request)
     limit = _limit(request.query_params.get("limit"), 100)
     found = await store.do(store.list_batches, tenant.name, limit + 1, request.query_params.get("after"))
     return _page([b.to_openai() for b in found], limit)
 
 
 async def _batch(request: Request, tenant: TenantView) -> BatchRecord:
-    store = runner_of(request).store
+    store = store_of(request)
     batch_id = request.path_params["batch_id"]
     record = await store.do(store.get_batch, batch_id, tenant.name)
     if record is None:
