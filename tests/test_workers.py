@@ -132,13 +132,16 @@ def test_each_process_takes_its_share_of_a_workers_limit() -> None:
 def test_an_engine_whose_metrics_say_nothing_is_served_in_full(start_sim: Callable[..., Any],
                                                                 start_gateway: Callable[..., Any],
                                                                 metrics: str) -> None:
-    """An engine without vLLM's /metrics (404), with one that hangs, or with a 50 MB one: it is admitted, and
-    48 streams at once all get through (its limit is learned from its answers, not stuck at 8: before, most
-    were refused with 429, and a hanging /metrics kept the worker out of routing altogether)."""
-    from tests.conftest import DEMO_KEY, policy_dict
+    """An engine without vLLM's /metrics (404), with one that hangs, or with a 50 MB one: it is admitted, every
+    one of three waves of 48 streams gets through, and its limit is learned from its answers above where it
+    starts (before: stuck at 8 with most requests refused, and a hanging /metrics kept the worker out of routing
+    altogether). The queue may hold a burst for as long as it needs (``patient``): with 48 client threads on two
+    shared cores every answer is slow, and whether a 640 ms deadline holds is a benchmark's question
+    (bench_no_metrics), not this test's."""
+    from tests.conftest import ADMIN_TOKEN, DEMO_KEY, patient, policy_dict
 
     sim = start_sim("--metrics", metrics, "--max-num-seqs", "64", "--decode-base-ms", "10", "--decode-per-seq-ms", "0")
-    policy = policy_dict([sim.url])
+    policy = patient(policy_dict([sim.url]))
     policy["pools"]["main"].update(max_inflight_per_worker=256, scrape_interval_s=0.2)
     gw = start_gateway(policy)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "count"}], "max_tokens": 24, "ignore_eos": True,
@@ -149,13 +152,15 @@ def test_an_engine_whose_metrics_say_nothing_is_served_in_full(start_sim: Callab
                           headers={"authorization": f"Bearer {DEMO_KEY}"}) as reply:
             text = reply.read()
             return reply.status_code if reply.status_code == 200 else (reply.status_code, text[:300])
+    limits = []
     with ThreadPoolExecutor(48) as pool:
         for _ in range(3):  # three waves: the first on a fresh gateway
             statuses = list(pool.map(stream, range(48)))
-            assert statuses == [200] * 48, [s for s in statuses if s != 200]
-    queues = httpx.get(gw.url + "/admin/queues", timeout=10,
-                       headers={"authorization": "Bearer tg-test-admin-token"}).json()["pools"]["main"]
-    assert max(queues["stream_limits"].values()) > 8, ("learned above where it starts", queues)
+            assert statuses == [200] * 48, [s for s in statuses if s != 200][:3]
+            queues = httpx.get(gw.url + "/admin/queues", timeout=10,
+                               headers={"authorization": f"Bearer {ADMIN_TOKEN}"}).json()["pools"]["main"]
+            limits.append(max(queues["stream_limits"].values()))
+    assert max(limits) > 8, ("learned above where it starts", limits)
 
 
 def test_a_metrics_page_in_many_pieces_is_read_whole() -> None:
