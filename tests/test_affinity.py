@@ -64,3 +64,38 @@ def test_the_index_is_bounded_and_forgets_a_worker() -> None:
     assert index.longest([0, 1]) == (None, 0), "the oldest went first"
     index.forget("http://b")
     assert index.longest([100]) == (None, 0)
+    assert "http://b" not in index.footprint
+
+
+def test_the_footprint_follows_the_index() -> None:
+    """Each worker's footprint is the number of remembered blocks it holds: moved, evicted and forgotten."""
+    index = PrefixIndex(size=10)
+    index.remember([1, 2, 3], "http://a")
+    index.remember([1, 2, 4, 5], "http://b")  # 1 and 2 move to b
+    assert (index.footprint["http://a"], index.footprint["http://b"]) == (1, 4)
+    index.remember(list(range(10, 18)), "http://a")  # 13 blocks in a 10-block index: the three oldest go
+    assert sum(index.footprint.values()) == len(index) == 10
+    assert (index.footprint["http://a"], index.footprint["http://b"]) == (8, 2)
+
+
+def test_new_prefixes_fill_the_pool_evenly() -> None:
+    """Four tenants' system prompts on two workers: two each, in every order of arrival, where hashing alone
+    put three or four of them on one worker (and they evicted each other there) for most sets of prompts."""
+    import itertools
+    import random
+
+    rng = random.Random(5)
+    uneven_by_hash = 0
+    for trial in range(40):
+        workers = [live_worker(f"http://w{i}") for i in range(2)]
+        systems = [f"tenant {trial}-{t}: " + " ".join(rng.choice("abcdefgh") * 3 for _ in range(100))
+                   for t in range(4)]
+        hashed = [choose(workers, workers, of_request(chat("q", system=s)), PrefixIndex()) for s in systems]  # type: ignore[arg-type]
+        uneven_by_hash += max(sum(r.worker is w for r in hashed) for w in workers) > 2  # type: ignore[union-attr]
+        for order in itertools.islice(itertools.permutations(systems), 0, 24, 5):
+            index = PrefixIndex()
+            for system in order:
+                choose(workers, workers, of_request(chat("q", system=system)), index)  # type: ignore[arg-type]
+            homes = [index.longest(of_request(chat("other", system=s)).blocks)[0] for s in systems]  # type: ignore[union-attr]
+            assert sorted(homes.count(w.url) for w in workers) == [2, 2], (trial, homes)
+    assert uneven_by_hash >= 10, "the positive control: hashing alone is often uneven"

@@ -12,9 +12,11 @@ conversation's history, is then almost free on the worker that holds it and full
   used first out); a request goes to the worker holding its longest matched prefix, unless that worker is
   loaded past ``LOAD_BOUND`` times the pool's mean (bounded-load affinity: a hot prefix cannot pile every
   request onto one engine), and then to the least loaded;
-- a prefix no worker is known to hold goes where its first block hashes to (rendezvous hashing over the
-  pool's workers, stable across processes and replicas, which therefore agree on where a new system prompt
-  lives without talking to each other), under the same load bound;
+- a prefix no worker is known to hold goes to a worker whose cache footprint (the blocks the index places on
+  it) is near the least, and among those where its first block hashes to (rendezvous hashing, stable across
+  processes and replicas, which therefore agree on where a new system prompt lives without talking to each
+  other while the pool is balanced), under the same load bound. Hashing alone put three of four tenants'
+  system prompts on one of two engines half the time, where they evicted each other;
 - a request that names a conversation (the OpenAI ``user`` field or an ``X-Session-Id`` header) is pinned the
   same way by that name.
 
@@ -35,6 +37,9 @@ BLOCK_BYTES = 64
 MAX_BLOCKS = 512  # the first 32 KB of a prompt: where shared prefixes are
 INDEX_BLOCKS = 200_000  # remembered per pool (a few MB)
 LOAD_BOUND = 1.25
+# A new prefix may go to any worker whose footprint is within this share of the mean (or within the new
+# prompt's own size) of the least: the hash picks among them, so replicas mostly agree.
+FOOTPRINT_SLACK = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,11 +99,13 @@ def _rendered(body: dict[str, Any]) -> bytes:
 
 
 class PrefixIndex:
-    """Which worker recently received which block, for one pool (least recently used first out)."""
+    """Which worker recently received which block, for one pool (least recently used first out), and how many
+    of the remembered blocks each worker holds (its footprint)."""
 
     def __init__(self, size: int = INDEX_BLOCKS) -> None:
         self.size = size
         self._where: collections.OrderedDict[int, str] = collections.OrderedDict()
+        self.footprint: collections.Counter[str] = collections.Counter()
 
     def longest(self, blocks: Sequence[int]) -> tuple[str | None, int]:
         """The worker URL holding the longest known prefix of ``blocks``, and how many blocks that is."""
@@ -111,17 +118,23 @@ class PrefixIndex:
         return where, matched
 
     def remember(self, blocks: Sequence[int], url: str) -> None:
-        where = self._where
+        where, footprint = self._where, self.footprint
         for block in blocks:
-            where[block] = url
+            held = where.get(block)
+            if held != url:
+                if held is not None:
+                    footprint[held] -= 1
+                footprint[url] += 1
+                where[block] = url
             where.move_to_end(block)
         while len(where) > self.size:
-            where.popitem(last=False)
+            footprint[where.popitem(last=False)[1]] -= 1
 
     def forget(self, url: str) -> None:
         """A worker that left (or restarted) holds nothing any more."""
         for block in [b for b, u in self._where.items() if u == url]:
             del self._where[block]
+        self.footprint.pop(url, None)
 
     def __len__(self) -> int:
         return len(self._where)
@@ -149,7 +162,8 @@ def choose(workers: Sequence[Worker], available: Collection[Worker], affinity: A
         if fits(pinned):
             route = Route(pinned, "session", 0, len(affinity.blocks))  # type: ignore[arg-type]
     if route is None and affinity.blocks and not matched:
-        home = _rendezvous(affinity.blocks[0].to_bytes(4, "little"), workers)
+        candidates = _roomiest([w for w in workers if w in available], index, len(affinity.blocks))
+        home = _rendezvous(affinity.blocks[0].to_bytes(4, "little"), candidates)
         if fits(home):
             route = Route(home, "hash", 0, len(affinity.blocks))  # type: ignore[arg-type]
     if route is None:
@@ -158,6 +172,18 @@ def choose(workers: Sequence[Worker], available: Collection[Worker], affinity: A
     if affinity.blocks:
         index.remember(affinity.blocks, route.worker.url)
     return route
+
+
+def _roomiest(workers: Sequence[Worker], index: PrefixIndex, blocks: int) -> list[Worker]:
+    """The workers whose footprint is within ``blocks`` (the new prompt's size) or FOOTPRINT_SLACK of the mean
+    of the least: where a new prefix is least likely to evict another."""
+    footprint = index.footprint
+    sizes = [footprint.get(w.url, 0) for w in workers]
+    if not sizes:
+        return []
+    least = min(sizes)
+    within = least + max(blocks, FOOTPRINT_SLACK * sum(sizes) / len(sizes))
+    return [w for w, size in zip(workers, sizes, strict=True) if size < within]
 
 
 def _rendezvous(key: bytes, workers: Sequence[Worker]) -> Worker | None:

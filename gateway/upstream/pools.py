@@ -144,6 +144,8 @@ class Upstreams:
                 pool.admission = current.admission
                 pool.admission.workers, pool.admission.spec = pool.workers, spec
                 pool.prefixes = current.prefixes  # a worker kept keeps what it holds
+                for gone in {w.url for w in current.workers} - {w.url for w in pool.workers}:
+                    pool.prefixes.forget(gone)
             started.append(pool.start())
             self.pools[name] = pool
             if current is not None:
