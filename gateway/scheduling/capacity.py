@@ -86,11 +86,12 @@ def learn(worker: Worker, ceiling: int, wanted: bool = False) -> None:
 
 
 def worker_slots(worker: Worker, spec: Pool, scheduling: SchedulingPolicy, now: float,
-                 share: Share = ALONE) -> int:
+                 share: Share = ALONE, borrow: bool = False) -> int:
     """How many of this process's requests the worker may hold now (those it holds already included).
 
     Each gateway process takes its ``share`` of the worker's limit, so N processes together never hand it
-    more than it runs."""
+    more than it runs; ``borrow`` (premium only) adds what the other processes left unused at their last
+    heartbeat."""
     if not worker.available(now):
         return 0
     observed, learned = worker.observed, worker.learned
@@ -102,8 +103,11 @@ def worker_slots(worker: Worker, spec: Pool, scheduling: SchedulingPolicy, now: 
         limit = learned.limit or min(spec.max_inflight_per_worker, START_LIMIT)
     else:  # its metrics say nothing now: what its answers show, never less than its last reading
         limit = max(int(learned.stream_limit) or min(spec.max_inflight_per_worker, START_LIMIT), learned.limit)
-    part = share.of_limit(min(limit, worker.agreed.limit) if worker.agreed.limit else limit)
-    return max(0, part - worker.agreed.excess)  # others still over their parts: leave it to them to drain
+    agreed = worker.agreed
+    part = share.of_limit(min(limit, agreed.limit) if agreed.limit else limit)
+    if borrow and share.ready:  # a newcomer borrows nothing before the others have seen it
+        part += agreed.spare
+    return max(0, part - agreed.excess)  # others still over their parts: leave it to them to drain
 
 
 # The request stream's signal (``finished``)
@@ -168,5 +172,5 @@ def still_learning(worker: Worker, now: float, scheduling: SchedulingPolicy) -> 
 
 
 def capacity(workers: list[Worker], spec: Pool, scheduling: SchedulingPolicy, now: float,
-             share: Share = ALONE) -> int:
-    return sum(worker_slots(w, spec, scheduling, now, share) for w in workers)
+             share: Share = ALONE, borrow: bool = False) -> int:
+    return sum(worker_slots(w, spec, scheduling, now, share, borrow) for w in workers)
