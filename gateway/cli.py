@@ -106,17 +106,17 @@ def cmd_serve(args: argparse.Namespace) -> None:
                         "--port", str(args.port), "--data-dir", args.data_dir], args.workers))
 
 
-def local_workers(policy_path: Path) -> list[tuple[int, list[str]]]:
-    """(port, served model names) for each pool worker on this machine, from the policy."""
+def local_workers(policy_path: Path) -> list[tuple[int, list[tuple[str, str]]]]:
+    """(port, [(served model name, kind)]) for each pool worker on this machine, from the policy."""
     from gateway.policy.loader import load_file
 
     policy = load_file(policy_path).policy
-    by_port: dict[int, list[str]] = {}
+    by_port: dict[int, list[tuple[str, str]]] = {}
     for name, route in policy.models.items():
         for url in policy.pools[route.pool].workers:
             parsed = urlparse(str(url))
             if parsed.hostname in ("127.0.0.1", "localhost") and parsed.port:
-                by_port.setdefault(parsed.port, []).append(route.upstream_model or name)
+                by_port.setdefault(parsed.port, []).append((route.upstream_model or name, route.kind))
     return sorted(by_port.items())
 
 
@@ -140,9 +140,10 @@ def cmd_up(args: argparse.Namespace) -> None:
             if _port_in_use(port):
                 sys.exit(f"tollgate: port {port} (a worker in {policy}) is already in use; stop what holds it "
                          "or change the policy")
+            (model, kind), = set(models)
             children.append(subprocess.Popen(
-                [sys.executable, "-m", "workers.sim", "--port", str(port), "--model", models[0]],
-                start_new_session=True))
+                [sys.executable, "-m", "workers.sim", "--port", str(port), "--model", model,
+                 "--runner", "pooling" if kind == "embed" else "generate"], start_new_session=True))
         deadline = time.monotonic() + 15
         for child, (port, _) in zip(children, workers, strict=True):
             while True:

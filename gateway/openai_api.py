@@ -20,7 +20,7 @@ from gateway.policy.schema import ModelRoute
 
 # The endpoints the gateway serves, by the name a request context carries, and their paths (on the HTTP edge,
 # in batch files, and on the workers alike).
-PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 ENDPOINT_OF_PATH = {path: name for name, path in PATHS.items()}
 LARGE_BODY = 64 * 1024  # parse and serialise bodies above this off the event loop
 ECHO_LIMIT = 64  # characters of a client-chosen value echoed back in an error
@@ -118,6 +118,46 @@ def validate_completion(body: dict[str, Any]) -> str:
     return model
 
 
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on the inputs of one embeddings request
+_ENCODINGS = frozenset({"float", "base64"})
+
+
+def validate_embeddings(body: dict[str, Any]) -> str:
+    """An embeddings body: ``input`` is a string, an array of strings, an array of token ids or an array of
+    such arrays (each non-empty), at most MAX_EMBEDDING_INPUTS of them."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required and must be a non-empty string.", "missing_model", param="model")
+    if embedding_inputs(body) == 0:
+        raise _bad("input", "'input' must be a non-empty string, array of strings, array of token ids, or array "
+                            "of token id arrays.")
+    if embedding_inputs(body) > MAX_EMBEDDING_INPUTS:
+        raise _bad("input", f"'input' may hold at most {MAX_EMBEDDING_INPUTS} items.")
+    encoding = body.get("encoding_format")
+    if encoding is not None and encoding not in _ENCODINGS:
+        raise _bad("encoding_format", f"'encoding_format' must be 'float' or 'base64', got {echo(encoding)!r}.")
+    _integer(body, "dimensions", 1)
+    if body.get("stream"):
+        raise _bad("stream", "Embeddings are not streamed.")
+    return model
+
+
+def embedding_inputs(body: dict[str, Any]) -> int:
+    """How many inputs an embeddings body holds; 0 when ``input`` is not one of its shapes."""
+    value = body.get("input")
+    if isinstance(value, str):
+        return 1 if value else 0
+    if not isinstance(value, list) or not value:
+        return 0
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return 1
+    if all(isinstance(v, str) and v for v in value) or all(
+            isinstance(v, list) and v and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+            for v in value):
+        return len(value)
+    return 0
+
+
 def apply_max_tokens(body: dict[str, Any], tenant: TenantView) -> str:
     """Enforce the tier's default and cap in place; returns what was applied, for a response header."""
     field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
@@ -152,9 +192,10 @@ class Call:
     wants_continuous_usage: bool  # ... and for usage on every chunk (vLLM's continuous_usage_stats)
     engine_priority: bool  # the pool's workers run --scheduling-policy priority
     size: int  # bytes as received
-    max_output: int  # output tokens per sequence (max_tokens or max_completion_tokens), read once in prepare
+    max_output: int  # output tokens per sequence (max_tokens or max_completion_tokens), read once in prepare;
+    # 0 for embeddings
     max_output_field: str  # which of the two the body carries
-    sequences: int  # sequences it generates: each prompt of a list, times max(n, best_of)
+    sequences: int  # sequences it generates: each prompt of a list, times max(n, best_of); embeddings: inputs
 
     @property
     def prompt_estimate(self) -> int:
@@ -178,7 +219,7 @@ class Call:
         return self.prompt_estimate + self.max_output * self.sequences
 
 
-_VALIDATORS = {"chat": validate_chat, "completions": validate_completion}
+_VALIDATORS = {"chat": validate_chat, "completions": validate_completion, "embeddings": validate_embeddings}
 
 
 async def prepare(ctx: RequestContext, raw: bytes) -> Call:
@@ -193,6 +234,13 @@ async def prepare(ctx: RequestContext, raw: bytes) -> Call:
     if not ctx.tenant.may_use(model):
         raise NotPermitted(f"Tenant '{ctx.tenant.name}' may not use model '{model}'.", "model_not_allowed",
                            param="model")
+    if (route.kind == "embed") != (ctx.endpoint == "embeddings"):
+        what = "embeddings" if route.kind == "embed" else "chat and completions"
+        raise InvalidRequest(f"The model '{model}' serves {what} only.", "model_not_supported", param="model")
+    pool = ctx.snapshot.policy.pools.get(route.pool)
+    engine_priority = pool is not None and pool.engine_priority
+    if ctx.endpoint == "embeddings":  # no output tokens: its cost is its input, known in full
+        return Call(body, route, False, False, engine_priority, len(raw), 0, "max_tokens", embedding_inputs(body))
     ctx.max_tokens_applied = apply_max_tokens(body, ctx.tenant)
     ctx.stream = bool(body.get("stream"))
     wants_usage = wants_continuous = False
@@ -203,10 +251,9 @@ async def prepare(ctx: RequestContext, raw: bytes) -> Call:
         wants_continuous = wants_usage and bool(options.get("continuous_usage_stats"))
         # the ledger needs the usage, and on every chunk, so that a stream cut anywhere is still counted exactly
         body["stream_options"] = {**options, "include_usage": True, "continuous_usage_stats": True}
-    pool = ctx.snapshot.policy.pools.get(route.pool)
     field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    return Call(body, route, wants_usage, wants_continuous, pool is not None and pool.engine_priority, len(raw),
-                int(body[field]), field, sequences(body))
+    return Call(body, route, wants_usage, wants_continuous, engine_priority, len(raw), int(body[field]), field,
+                sequences(body))
 
 
 def sequences(body: dict[str, Any]) -> int:

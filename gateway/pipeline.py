@@ -127,7 +127,8 @@ def count_tokens(ctx: RequestContext, relayed: Relayed, prompt_estimate: int) ->
     completion from the token events relayed, and the record says it is an estimate."""
     usage = relayed.usage
     if usage is not None:
-        ctx.prompt_tokens, ctx.completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        # an embeddings answer has no completion_tokens
+        ctx.prompt_tokens, ctx.completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens") or 0
         details = usage.get("prompt_tokens_details")
         ctx.cached_tokens = details.get("cached_tokens") if isinstance(details, dict) else None
     elif ctx.timings.upstream_connect is not None and (relayed.events or not relayed.answered):

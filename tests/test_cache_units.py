@@ -8,12 +8,14 @@ import time
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 import redis
 
 from gateway.cache.evaluate import GPTCACHE, PAIRS, gptcache, pairs
 from gateway.cache.index import VectorIndex
-from gateway.cache.keys import cache_key, detect_language
+from gateway.cache.keys import CacheKey, cache_key, detect_language
+from gateway.cache.replay import answer_from_json, json_body
 from gateway.cache.store import Entry, MemoryStore, RedisStore
 from gateway.cache.verifier import verify
 from gateway.policy.loader import TenantView
@@ -221,3 +223,28 @@ def test_quality_on_gptcache_pairs(embedder: Any) -> None:
     assert on["wrong_original_on_top"] < off["wrong_original_on_top"]
     assert on["false_hit_rate_own_left_out"] < off["false_hit_rate_own_left_out"]
     assert on["hit_rate"] > 0.2
+
+
+def test_embeddings_are_cached_exactly_per_tenant_model_and_parameters() -> None:
+    spec = CachePolicy(enabled=True)
+    body = {"model": "e", "input": ["a b", "c"]}
+    base = cache_key("embeddings", body, TENANT, True, spec, 0)
+    assert isinstance(base, CacheKey) and not base.semantic, "nothing to compare by meaning"
+    other_tenant = TenantView("globex", "standard", None, 512, 4096, "clamp")
+    variants = [cache_key("embeddings", body, other_tenant, True, spec, 0),
+                cache_key("embeddings", {**body, "model": "e2"}, TENANT, True, spec, 0),
+                cache_key("embeddings", {**body, "input": ["a  b", "c"]}, TENANT, True, spec, 0),
+                cache_key("embeddings", {**body, "encoding_format": "base64"}, TENANT, True, spec, 0),
+                cache_key("embeddings", {**body, "dimensions": 64}, TENANT, True, spec, 0)]
+    assert all(isinstance(v, CacheKey) and v.exact != base.exact for v in variants)
+    assert cache_key("embeddings", dict(body), TENANT, True, spec, 0) == base
+    assert cache_key("embeddings", body, TENANT, False, spec, 0) == "tenant_opt_out"
+    answer = b'{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5]}],"usage":' \
+             b'{"prompt_tokens":3,"total_tokens":3}}'
+    text, finish, usage = answer_from_json("embeddings", answer)  # type: ignore[misc]
+    entry = Entry(tenant="acme", model="e", endpoint="embeddings", scope=base.scope, exact=base.exact, question="",
+                  answer=text, finish_reason=finish, prompt_tokens=usage["prompt_tokens"], completion_tokens=0,
+                  max_tokens=0, expires=0.0)
+    replayed = orjson.loads(json_body(entry, "e", "hit-exact"))
+    assert replayed["data"] == orjson.loads(answer)["data"] and replayed["usage"]["prompt_tokens"] == 3
+    assert replayed["object"] == "list" and replayed["model"] == "e"

@@ -8,7 +8,16 @@ from typing import Any
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.openai_api import apply_max_tokens, echo, parse_json, validate_chat, validate_completion
+from gateway.openai_api import (
+    MAX_EMBEDDING_INPUTS,
+    apply_max_tokens,
+    echo,
+    embedding_inputs,
+    parse_json,
+    validate_chat,
+    validate_completion,
+    validate_embeddings,
+)
 from gateway.policy.loader import TenantView
 
 
@@ -75,3 +84,26 @@ def test_parse_json_errors_are_400() -> None:
 def test_echo_cuts_client_values_short() -> None:
     assert echo("short") == "short"
     assert len(echo("x" * 100_000)) < 80
+
+
+@pytest.mark.parametrize("value,count", [
+    ("text", 1), (["a", "b", "c"], 3), ([1, 2, 3], 1), ([[1, 2], [3]], 2),
+    ("", 0), ([], 0), (["a", ""], 0), ([[1], []], 0), ([True, 2], 0), (["a", 1], 0), ({"a": 1}, 0), (None, 0),
+])
+def test_embedding_inputs_are_counted_by_shape(value: object, count: int) -> None:
+    assert embedding_inputs({"input": value}) == count
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"input": "x"}, "model"),
+    ({"model": "e", "input": ""}, "input"),
+    ({"model": "e", "input": ["x"] * (MAX_EMBEDDING_INPUTS + 1)}, "input"),
+    ({"model": "e", "input": "x", "encoding_format": "hex"}, "encoding_format"),
+    ({"model": "e", "input": "x", "dimensions": 0}, "dimensions"),
+    ({"model": "e", "input": "x", "stream": True}, "stream"),
+])
+def test_embeddings_validation_names_the_parameter(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        validate_embeddings(body)
+    assert caught.value.param == param
+    assert validate_embeddings({"model": "e", "input": ["x"] * MAX_EMBEDDING_INPUTS}) == "e"

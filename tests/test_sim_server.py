@@ -68,3 +68,24 @@ def test_fault_injection(start_sim: Starter) -> None:
             json={"model": "sim-llama-8b", "prompt": "x", "max_tokens": 50, "stream": True}) as response:
         for _ in response.iter_raw():
             pass
+
+
+def test_a_pooling_sim_serves_embeddings_only(start_sim: Starter) -> None:
+    """`--runner pooling`, as vLLM's: the official client's embeddings (base64, decoded by the client) are unit
+    vectors, the same for the same text; chat is refused as vLLM refuses it."""
+    import math
+
+    sim = start_sim("--runner", "pooling", "--model", "sim-embed")
+    client = openai.OpenAI(base_url=sim.url + "/v1", api_key="x", max_retries=0)
+    one = client.embeddings.create(model="sim-embed", input=["same text", "other text", "same text"])
+    vectors = [d.embedding for d in one.data]
+    assert [len(v) for v in vectors] == [384] * 3 and vectors[0] == vectors[2] != vectors[1]
+    assert abs(math.sqrt(sum(x * x for x in vectors[1])) - 1) < 1e-5
+    assert one.usage.prompt_tokens == one.usage.total_tokens > 0
+    floats = httpx.post(sim.url + "/v1/embeddings", json={"model": "sim-embed", "input": [5, 6, 7],
+                                                          "encoding_format": "float", "dimensions": 8}).json()
+    assert len(floats["data"][0]["embedding"]) == 8
+    bad = httpx.post(sim.url + "/v1/embeddings", json={"model": "sim-embed", "input": [True]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="sim-embed", messages=[{"role": "user", "content": "hi"}])

@@ -23,8 +23,9 @@ def _pids_of(pattern: str) -> set[int]:
 
 def test_up_serves_the_demo_key_and_stops_its_workers(tmp_path: Path) -> None:
     policy = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text())
-    ports = [free_port(), free_port()]
-    policy["pools"]["local-sim"]["workers"] = [f"http://127.0.0.1:{p}" for p in ports]
+    ports = [free_port(), free_port(), free_port()]
+    policy["pools"]["local-sim"]["workers"] = [f"http://127.0.0.1:{p}" for p in ports[:2]]
+    policy["pools"]["local-embed"]["workers"] = [f"http://127.0.0.1:{ports[2]}"]
     path = tmp_path / "policy.yaml"
     path.write_text(yaml.safe_dump(policy))
     gateway_port = free_port()
@@ -38,17 +39,51 @@ def test_up_serves_the_demo_key_and_stops_its_workers(tmp_path: Path) -> None:
         banner = (tmp_path / "up.log").read_text()
         assert f"{url}/v1" in banner and "tg-demo-key-change-me" in banner
         workers = set().union(*(_pids_of(f"workers.sim --port {p}") for p in ports))
-        assert len(workers) == 2
+        assert len(workers) == 3
         client = openai.OpenAI(base_url=url + "/v1", api_key="tg-demo-key-change-me", max_retries=0)
         answer = client.chat.completions.create(model="sim-llama-8b", messages=[{"role": "user", "content": "hi"}],
                                                 max_tokens=3)
         assert answer.usage is not None and answer.usage.completion_tokens == 3
+        _embeddings(client, url)
         up.send_signal(signal.SIGTERM)
         up.wait(20)
         assert wait_for(lambda: not any(_alive(pid) for pid in workers), timeout=10), "workers outlived `up`"
     finally:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGKILL)
+
+
+def _embeddings(client: openai.OpenAI, url: str) -> None:
+    """The official client's embeddings (it asks for base64 and decodes it) through the embedded default: an
+    embedding model listed, priced in the ledger, the same input answered again from the cache."""
+    assert any("embed" in m.id for m in client.models.list().data)
+    texts = ["The invoice is overdue.", "Where is my parcel?"]
+    raw = client.embeddings.with_raw_response.create(model="sim-embed-small", input=texts,
+                                                     extra_headers={"x-request-id": "embed-first"})
+    first = raw.parse()
+    assert [len(d.embedding) for d in first.data] == [384, 384] and first.usage.prompt_tokens > 0
+    assert raw.headers["x-tollgate-cache"] == "miss"
+    again = client.embeddings.with_raw_response.create(model="sim-embed-small", input=texts)
+    assert again.headers["x-tollgate-cache"] == "hit-exact"
+    assert [d.embedding for d in again.parse().data] == [d.embedding for d in first.data]
+    other = client.embeddings.create(model="sim-embed-small", input=texts[:1], dimensions=64)
+    assert len(other.data[0].embedding) == 64
+    try:
+        client.chat.completions.create(model="sim-embed-small", messages=[{"role": "user", "content": "hi"}])
+        raise AssertionError("a chat request to an embedding model was answered")
+    except openai.BadRequestError as exc:
+        assert exc.code == "model_not_supported"
+    records: list[dict[str, object]] = []
+
+    def recorded() -> bool:
+        records[:] = [r for r in httpx.get(url + "/admin/ledger", timeout=5, headers={
+            "authorization": "Bearer tg-finance-demo-change-me"}).json()["data"] if r["endpoint"] == "embeddings"]
+        return len(records) == 3
+    assert wait_for(recorded, timeout=10), records
+    fresh = next(r for r in records if r["request_id"] == "embed-first")
+    assert fresh["cache"] == "miss" and sum(r["cache"] == "hit-exact" for r in records) == 1
+    assert fresh["prompt_tokens"] == first.usage.prompt_tokens and fresh["completion_tokens"] == 0
+    assert float(fresh["cost_usd"]) > 0  # type: ignore[arg-type]
 
 
 def _ready(url: str) -> bool:

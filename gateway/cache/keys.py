@@ -85,11 +85,28 @@ def _temperature_bucket(value: object) -> str:
     return "0" if t == 0 else f"<={min(2.0, (int(t * 10) + 1) / 10):.1f}"
 
 
+_EMBEDDING_PARAMS = ("encoding_format", "dimensions", "truncate_prompt_tokens", "normalize")
+
+
+def _embedding_key(body: dict[str, Any], tenant: TenantView) -> CacheKey:
+    """Embeddings are the same for the same input, model and parameters: an exact key only (there is no
+    question to compare by meaning)."""
+    params = {name: body[name] for name in _EMBEDDING_PARAMS if body.get(name) is not None}
+    scope_doc = orjson.dumps({"t": tenant.name, "m": body["model"], "e": "embeddings", "p": params},
+                             option=orjson.OPT_SORT_KEYS)
+    scope = hashlib.sha256(scope_doc).hexdigest()[:32]
+    exact = hashlib.sha256(scope.encode() + orjson.dumps(body["input"])).hexdigest()[:40]
+    return CacheKey(tenant=tenant.name, model=body["model"], scope=scope, exact=exact, text="", language="",
+                    semantic=False, max_tokens=0)
+
+
 def cache_key(endpoint: str, body: dict[str, Any], tenant: TenantView, tenant_opted_in: bool,
               spec: CachePolicy, max_tokens: int) -> CacheKey | str:
     """The key for this request, or the reason it is not cached (a bypass)."""
     if not tenant_opted_in:
         return "tenant_opt_out"
+    if endpoint == "embeddings":
+        return _embedding_key(body, tenant)
     if body.get("n", 1) != 1:
         return "n_gt_1"
     if body.get("logprobs") or body.get("echo"):

@@ -23,6 +23,9 @@ def usage(entry: Entry, layer: str) -> dict[str, Any]:
 
 
 def json_body(entry: Entry, model: str, layer: str) -> bytes:
+    if entry.endpoint == "embeddings":  # the answer is the response's data array, as the worker wrote it
+        return (b'{"object":"list","data":' + entry.answer.encode() + b',"model":' + orjson.dumps(model)
+                + b',"usage":' + orjson.dumps(usage(entry, layer)) + b"}")
     created = int(time.time())
     if entry.endpoint == "chat":
         choice = {"index": 0, "message": {"role": "assistant", "content": entry.answer}, "logprobs": None,
@@ -61,6 +64,11 @@ def sse_body(entry: Entry, model: str, layer: str, include_usage: bool) -> bytes
 def answer_from_json(endpoint: str, body: bytes) -> tuple[str, str, dict[str, Any]] | None:
     """(text, finish_reason, usage) of a complete non-streamed answer, or None if it is not cacheable."""
     data = orjson.loads(body)
+    if endpoint == "embeddings":
+        vectors = data.get("data")
+        if not isinstance(vectors, list) or not vectors or not isinstance(data.get("usage"), dict):
+            return None
+        return orjson.dumps(vectors).decode(), "stop", data["usage"]
     choices = data.get("choices") or []
     if len(choices) != 1 or not isinstance(data.get("usage"), dict):
         return None

@@ -125,6 +125,8 @@ class Pool(Strict):
 class ModelRoute(Strict):
     pool: str
     upstream_model: str | None = Field(None, description="the name the workers serve; defaults to the key")
+    kind: Literal["generate", "embed"] = Field(
+        "generate", description="generate: chat and completions; embed: /v1/embeddings (vLLM's --runner pooling)")
 
 
 class Server(Strict):

@@ -89,15 +89,18 @@ class Spend:
             usage = pricing.Usage(prompt, call.max_output * call.sequences)
             return pricing.cost(prices, version, usage, klass, ctx.batch is not None, False)
 
-        usual_usd = priced(call.prompt_estimate)  # the anomaly rule's measure of a request's size
-        rule = tenant.anomaly
-        if not self.baselines.known(tenant.name):
-            await self._seed_baseline(tenant.name, now)
-        baseline = self.baselines.baseline(tenant.name, rule)
-        if usual_usd > rule.k * baseline:
-            klass = self._anomaly(ctx, call, usual_usd, baseline, version)
-        else:
-            self.baselines.observe(tenant.name, usual_usd, rule)
+        # The anomaly rule compares what a request may generate with the tenant's usual; an embeddings request
+        # generates nothing (nothing to clamp), and its small costs would lower the usual of the tenant's chat.
+        if call.max_output:
+            usual_usd = priced(call.prompt_estimate)  # the anomaly rule's measure of a request's size
+            rule = tenant.anomaly
+            if not self.baselines.known(tenant.name):
+                await self._seed_baseline(tenant.name, now)
+            baseline = self.baselines.baseline(tenant.name, rule)
+            if usual_usd > rule.k * baseline:
+                klass = self._anomaly(ctx, call, usual_usd, baseline, version)
+            else:
+                self.baselines.observe(tenant.name, usual_usd, rule)
         if tenant.budget is not None:
             await self._reserve(ctx, tenant, tenant.budget, priced(call.size), now)  # a bound: bytes as tokens
         return klass

@@ -11,7 +11,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from workers.sim.engine import EngineConfig
-from workers.sim.server import METRICS_FAULTS, Faults, SimServer
+from workers.sim.server import METRICS_FAULTS, RUNNERS, Faults, SimServer
 
 _DEFAULTS = EngineConfig()
 
@@ -46,6 +46,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_bounded(int, 0, 65535), default=8100)
     p.add_argument("--model", default="sim-llama-8b", help="served model name")
+    p.add_argument("--runner", choices=RUNNERS, default="generate",
+                   help="generate (chat and completions) or pooling (embeddings), as vLLM's --runner")
     engine = p.add_argument_group("engine (defaults: Llama-3-8B bf16 on one A100-80GB)")
     engine.add_argument("--max-num-seqs", type=_bounded(int, 1), default=d.max_num_seqs)
     engine.add_argument("--num-blocks", type=_bounded(int, 1), default=d.num_blocks,
@@ -117,4 +119,4 @@ def run(args: argparse.Namespace) -> None:
     config, faults = config_from_args(args)
     if config.max_num_batched_tokens < config.max_num_seqs:
         raise SystemExit("tollgate sim: --max-num-batched-tokens must be >= --max-num-seqs")
-    serve(SimServer(config, args.model, faults), args.host, int(args.port))
+    serve(SimServer(config, args.model, faults, args.runner), args.host, int(args.port))

@@ -7,11 +7,15 @@ load generator and the conformance suite cannot tell it from a real worker by AP
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
+import math
 import random
+import struct
 import time
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -36,6 +40,8 @@ _ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitErr
 
 
 METRICS_FAULTS = ("ok", "missing", "hang", "huge")
+RUNNERS = ("generate", "pooling")
+EMBEDDING_DIM = 384  # all-MiniLM-L6-v2's, a common small embedding model
 
 
 @functools.cache
@@ -79,8 +85,10 @@ def error_response(message: str, status: int, param: str | None = None) -> Respo
 
 
 class SimServer:
-    def __init__(self, config: EngineConfig, model: str, faults: Faults | None = None) -> None:
+    def __init__(self, config: EngineConfig, model: str, faults: Faults | None = None,
+                 runner: str = "generate") -> None:
         self.model = model
+        self.runner = runner
         self.config = config
         self.faults = faults or Faults()
         self.metrics = SimMetrics(model)
@@ -90,6 +98,7 @@ class SimServer:
             routes=[
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
+                Route("/v1/embeddings", self.embeddings, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/health", self.health, methods=["GET"]),
                 Route("/metrics", self.metrics_endpoint, methods=["GET"]),
@@ -153,6 +162,52 @@ class SimServer:
 
     # -- generation --------------------------------------------------------------------------------
 
+    async def embeddings(self, request: Request) -> Response:
+        """vLLM's /v1/embeddings for a pooling model: one vector per input, the same for the same text (a
+        random unit vector seeded by it: similar texts are not near each other), after the input's prefill time."""
+        if self.runner != "pooling":
+            return error_response("The model does not support Embeddings API", 404)
+        refusal = self._refusal()
+        if refusal is not None:
+            return refusal
+        try:
+            body = await _json_body(request)
+            if body.get("model") != self.model:
+                raise BadRequest(f"The model `{body.get('model')}` does not exist.", 404, "model")
+            texts = _embedding_texts(body.get("input"))
+            dimensions = body.get("dimensions")
+            if dimensions is not None:
+                _check_int(dimensions, "dimensions", minimum=1)
+            if dimensions is not None and dimensions > EMBEDDING_DIM:
+                raise BadRequest(f"dimensions must be at most {EMBEDDING_DIM}.", param="dimensions")
+            encoding = body.get("encoding_format") or "float"
+            if encoding not in ("float", "base64"):
+                raise BadRequest("encoding_format must be 'float' or 'base64'.", param="encoding_format")
+        except BadRequest as exc:
+            return error_response(str(exc), exc.status, exc.param)
+        tokens = [tokenizer.count_text(t) for t in texts]
+        if max(tokens) > self.config.max_model_len:
+            return error_response(f"This model's maximum context length is {self.config.max_model_len} tokens.",
+                                  400, "input")
+        await asyncio.sleep(sum(tokens) * self.config.prefill_per_token_s)
+        data = [{"object": "embedding", "index": i, "embedding": _vector(text, dimensions or EMBEDDING_DIM, encoding)}
+                for i, text in enumerate(texts)]
+        usage = {"prompt_tokens": sum(tokens), "total_tokens": sum(tokens), "completion_tokens": 0,
+                 "prompt_tokens_details": None}
+        return Response(orjson.dumps({"id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                                      "model": self.model, "data": data, "usage": usage}),
+                        media_type="application/json")
+
+    def _refusal(self) -> Response | None:
+        """A startup 503 or an injected failure, as any generation endpoint answers them."""
+        if not self.faults.ready:
+            return error_response("The server is starting up.", 503)
+        status = self.faults.injected_status()
+        if status:
+            self.metrics.injected_errors.labels(str(status)).inc()
+            return error_response(f"Injected failure ({status}).", status)
+        return None
+
     async def chat_completions(self, request: Request) -> Response | Generation:
         return await self._generate(request, chat=True)
 
@@ -160,12 +215,11 @@ class SimServer:
         return await self._generate(request, chat=False)
 
     async def _generate(self, request: Request, chat: bool) -> Response | Generation:
-        if not self.faults.ready:
-            return error_response("The server is starting up.", 503)
-        status = self.faults.injected_status()
-        if status:
-            self.metrics.injected_errors.labels(str(status)).inc()
-            return error_response(f"Injected failure ({status}).", status)
+        if self.runner == "pooling":
+            return error_response(f"The model does not support {'Chat ' if chat else ''}Completions API", 404)
+        refusal = self._refusal()
+        if refusal is not None:
+            return refusal
         try:
             body = await _json_body(request)
             seq = self._sequence(body, chat)
@@ -352,6 +406,30 @@ class Generation:
         if seq.cached_tokens:
             usage["prompt_tokens_details"] = {"cached_tokens": seq.cached_tokens}
         return usage
+
+
+def _embedding_texts(value: object) -> list[str]:
+    """The texts of an embeddings input: a string, strings, token ids, or lists of token ids (as text)."""
+    if isinstance(value, str) and value:
+        return [value]
+    if isinstance(value, list) and value:
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return [" ".join(map(str, value))]
+        if all(isinstance(v, str) and v for v in value):
+            return list(value)  # type: ignore[arg-type]
+        if all(isinstance(v, list) and v and all(isinstance(t, int) for t in v) for v in value):
+            return [" ".join(map(str, v)) for v in value]  # type: ignore[union-attr]
+    raise BadRequest("'input' must be a non-empty string, list of strings, or list of token ids.", param="input")
+
+
+def _vector(text: str, dimensions: int, encoding: str) -> list[float] | str:
+    rng = random.Random(zlib.crc32(text.encode()))
+    vector = [rng.random() - 0.5 for _ in range(EMBEDDING_DIM)][:dimensions]
+    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+    vector = [v / norm for v in vector]
+    if encoding == "base64":
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+    return vector
 
 
 async def _wait_disconnect(receive: Receive) -> None:
