@@ -10,12 +10,13 @@ from gateway.ledger.records import draft, price
 from gateway.ledger.writer import LedgerWriter
 from gateway.ops import logs
 from gateway.ops.metrics import GatewayMetrics
+from gateway.ops.tracing import Tracer
 from gateway.ratelimit import RateLimiter
 from gateway.spend.service import Spend
 
 
 def finish(ctx: RequestContext, metrics: GatewayMetrics, ledger: LedgerWriter | None = None,
-           spend: Spend | None = None, ratelimit: RateLimiter | None = None) -> None:
+           spend: Spend | None = None, ratelimit: RateLimiter | None = None, tracer: Tracer | None = None) -> None:
     t = ctx.timings
     t.total = time.perf_counter() - t.start
     now = time.time()
@@ -50,6 +51,8 @@ def finish(ctx: RequestContext, metrics: GatewayMetrics, ledger: LedgerWriter | 
         if ctx.cache.startswith("hit"):
             metrics.cache_tokens_saved.labels(tier, "prompt").inc(ctx.prompt_tokens or 0)
             metrics.cache_tokens_saved.labels(tier, "completion").inc(ctx.completion_tokens or 0)
+    if tracer is not None and ctx.trace is not None:
+        tracer.finish(ctx)
     logs.emit({
         "time": now, "request_id": ctx.request_id, "tenant": ctx.tenant.name if ctx.tenant else None,
         "tier": ctx.tenant.tier if ctx.tenant else None, "class": tier, "batch": ctx.batch,

@@ -15,6 +15,23 @@ STAGES = ("queue_wait", "cache", "upstream_connect", "ttft", "tpot", "total")
 
 
 @dataclass(slots=True)
+class Trace:
+    """One request's place in an OpenTelemetry trace (gateway.ops.tracing): ids fixed when it arrives, so the
+    worker's header names the upstream span before that span is built."""
+
+    trace_id: int
+    parent_id: int | None  # the caller's span, if it sent a traceparent
+    server_id: int
+    upstream_id: int
+    sampled: bool
+    wall_start_ns: int = 0  # the request's arrival on the wall clock (sampled requests only)
+
+    def traceparent(self) -> str:
+        """The header for the worker: the upstream span as parent (or, unsampled, the caller's own span)."""
+        return f"00-{self.trace_id:032x}-{self.upstream_id:016x}-{'01' if self.sampled else '00'}"
+
+
+@dataclass(slots=True)
 class Timings:
     """Stage durations in seconds; None where a stage did not happen.
 
@@ -27,6 +44,8 @@ class Timings:
     start: float = field(default_factory=time.perf_counter)
     queue_wait: float | None = None  # scheduling.controller.admit
     cache: float | None = None  # cache.decision.decide
+    cache_at: float | None = None  # cache.decision.decide: when the lookup began (seconds after start)
+    dispatch_at: float | None = None  # upstream.dispatch: when the first try began (after the queue wait)
     upstream_connect: float | None = None  # upstream.dispatch
     ttft: float | None = None  # first_byte()
     tpot: float | None = None  # pipeline (from the relay's token timing)
@@ -74,6 +93,8 @@ class RequestContext:
     cost_usd: float = 0.0  # accounting.finish
     price_version: str | None = None  # accounting.finish
     error: str | None = None  # pipeline.fail: the outcome's code
+    trace: Trace | None = None  # http.app: the request's place in a trace (ops.tracing), if traced
+    answered_by: str | None = None  # pipeline.run: the model that answered, when a fallback did
     status: int = 0  # pipeline.Lifecycle: the status the client got (499 if it left, or got none)
 
     @property

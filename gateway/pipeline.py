@@ -66,7 +66,7 @@ class Lifecycle:
         finally:
             left = ctx.error == ClientGone.code or sink.status is None
             ctx.status = 499 if left else sink.status  # type: ignore[assignment]
-            accounting.finish(ctx, gw.metrics, gw.ledger, gw.spend, gw.ratelimit)
+            accounting.finish(ctx, gw.metrics, gw.ledger, gw.spend, gw.ratelimit, gw.tracer)
         return isinstance(exc, Exception)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from gateway.cache.service import SemanticCache
 from gateway.cache.store import RedisStore
 from gateway.ledger.writer import LedgerWriter
+from gateway.ops import tracing
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.scaling import Autoscaler
 from gateway.policy.loader import PolicyError, PolicySnapshot, PolicyStore
@@ -49,6 +50,7 @@ class Gateway:
         self.ratelimit = RateLimiter(self.state, lambda: self.scheduler.share.of)
         self.upstreams = Upstreams(self.metrics, traces=[connect_trace()], on_metrics=self._on_metrics)
         self.cache: SemanticCache | None = None
+        self.tracer = tracing.from_config(store.current.policy.tracing)  # read once, at start
         self.draining = False  # set on SIGTERM: /readyz turns 503 while answers in flight finish
         self._tasks: set[asyncio.Task[None]] = set()  # background work; each task leaves the set when done
 
@@ -76,6 +78,8 @@ class Gateway:
             await self.ratelimit.close()
             if self.ledger is not None:
                 await asyncio.to_thread(self.ledger.stop)  # flushes what is pending
+            if self.tracer is not None:
+                await asyncio.to_thread(self.tracer.shutdown)  # exports what is queued
             if self.cache is not None:
                 await self.cache.close()
             await self.upstreams.close()

@@ -27,12 +27,13 @@ CONTEXT_WRITERS = {
     "cached_tokens": "gateway/pipeline.py", "usage_estimated": "gateway/pipeline.py",
     "reservation": "gateway/spend/service.py", "charge": "gateway/pipeline.py",
     "cost_usd": "gateway/accounting.py", "price_version": "gateway/accounting.py",
-    "error": "gateway/pipeline.py",
+    "error": "gateway/pipeline.py", "trace": "gateway/http/app.py", "answered_by": "gateway/pipeline.py",
 }
 TIMING_WRITERS = {
     "queue_wait": "gateway/scheduling/controller.py", "cache": "gateway/cache/decision.py",
     "upstream_connect": "gateway/upstream/dispatch.py", "tpot": "gateway/pipeline.py",
     "total": "gateway/accounting.py", "ttft": "gateway/context.py",
+    "cache_at": "gateway/cache/decision.py", "dispatch_at": "gateway/upstream/dispatch.py",
 }
 # Worker part -> the one module that writes into it
 WORKER_PART_WRITERS = {

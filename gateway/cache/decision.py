@@ -48,6 +48,7 @@ async def decide(cache: SemanticCache | None, ctx: RequestContext, body: dict[st
     started = time.perf_counter()
     found = await cache.lookup(key, spec)
     ctx.timings.cache = time.perf_counter() - started
+    ctx.timings.cache_at = started - ctx.timings.start
     metrics.cache_lookup.labels(found.result).observe(ctx.timings.cache)
     ctx.cache = found.result
     ctx.cache_similarity = found.similarity

@@ -62,6 +62,8 @@ class Completions:
         ctx = RequestContext(rid.decode() if _REQUEST_ID.match(rid) else new_request_id(), snapshot, self.endpoint)
         async with pipeline.Lifecycle(gw, ctx, sink):
             headers = request_headers(scope)
+            if gw.tracer is not None:
+                ctx.trace = gw.tracer.start(headers.get(b"traceparent"))
             ctx.tenant, ctx.key_id = identify(headers.get(b"authorization"), snapshot)
             raw = await read_body(receive, headers, snapshot.policy.server.max_body_bytes)
             asked = headers.get(b"x-tollgate-class")

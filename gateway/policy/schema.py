@@ -296,6 +296,18 @@ class StatePolicy(Strict):
                            "shared key: gateways that front different workers may share one Redis apart")
 
 
+class TracingPolicy(Strict):
+    """OpenTelemetry traces (gateway.ops.tracing). The standard OTEL_* variables come first: with
+    OTEL_EXPORTER_OTLP_ENDPOINT set, tracing is on whatever this says. Read at start."""
+
+    endpoint: str | None = Field(None, description="the OTLP receiver, e.g. http://otel-collector:4318 (http) or "
+                                 "http://otel-collector:4317 (grpc); none: off unless OTEL_* says otherwise")
+    protocol: Literal["http/protobuf", "grpc"] = "http/protobuf"
+    sample_ratio: float = Field(1.0, ge=0, le=1, description="share of requests traced when the caller sent no "
+                                "sampled traceparent")
+    service_name: str = "tollgate"
+
+
 class Policy(Strict):
     version: Literal[1] = 1
     allow_empty: bool = Field(False, description="accept a policy with no tenants or no models (serves nothing)")
@@ -312,6 +324,7 @@ class Policy(Strict):
     ledger: LedgerPolicy = LedgerPolicy()
     spend: SpendPolicy = SpendPolicy()
     state: StatePolicy = StatePolicy()
+    tracing: TracingPolicy = TracingPolicy()
 
 
 def cross_reference_errors(policy: Policy) -> list[tuple[str, str]]:

@@ -52,6 +52,9 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: 
     exclude: set[Worker] = set()
     failure: UpstreamFailed | None = None
     headers = {"content-type": "application/json", "x-request-id": ctx.request_id}
+    if ctx.trace is not None:
+        headers["traceparent"] = ctx.trace.traceparent()
+    ctx.timings.dispatch_at = time.perf_counter() - ctx.timings.start
     for attempt in range(2):
         if attempt == 0 and pool.spec.routing == "round_robin":
             worker, ctx.route = in_turn(pool.workers), "round_robin"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import functools
 import math
@@ -89,6 +90,7 @@ class SimServer:
                  runner: str = "generate") -> None:
         self.model = model
         self.runner = runner
+        self.traceparents: collections.deque[str] = collections.deque(maxlen=256)  # as received, for tests
         self.config = config
         self.faults = faults or Faults()
         self.metrics = SimMetrics(model)
@@ -104,6 +106,7 @@ class SimServer:
                 Route("/metrics", self.metrics_endpoint, methods=["GET"]),
                 Route("/tokenize", self.tokenize, methods=["POST"]),
                 Route("/sim/faults", self.set_faults, methods=["POST"]),
+                Route("/sim/traceparents", self.seen_traceparents, methods=["GET"]),
             ],
             lifespan=self._lifespan,
         )
@@ -152,6 +155,10 @@ class SimServer:
         payload = {"count": count, "max_model_len": self.config.max_model_len, "tokens": ids, "token_strs": None}
         return Response(orjson.dumps(payload), media_type="application/json")
 
+    async def seen_traceparents(self, request: Request) -> Response:
+        """The W3C traceparent headers of the latest requests, oldest first (a gateway should forward one)."""
+        return Response(orjson.dumps(list(self.traceparents)), media_type="application/json")
+
     async def set_faults(self, request: Request) -> Response:
         try:
             body = await _json_body(request)
@@ -167,7 +174,7 @@ class SimServer:
         random unit vector seeded by it: similar texts are not near each other), after the input's prefill time."""
         if self.runner != "pooling":
             return error_response("The model does not support Embeddings API", 404)
-        refusal = self._refusal()
+        refusal = self._refusal(request)
         if refusal is not None:
             return refusal
         try:
@@ -198,8 +205,11 @@ class SimServer:
                                       "model": self.model, "data": data, "usage": usage}),
                         media_type="application/json")
 
-    def _refusal(self) -> Response | None:
+    def _refusal(self, request: Request) -> Response | None:
         """A startup 503 or an injected failure, as any generation endpoint answers them."""
+        traceparent = request.headers.get("traceparent")
+        if traceparent:
+            self.traceparents.append(traceparent)
         if not self.faults.ready:
             return error_response("The server is starting up.", 503)
         status = self.faults.injected_status()
@@ -217,7 +227,7 @@ class SimServer:
     async def _generate(self, request: Request, chat: bool) -> Response | Generation:
         if self.runner == "pooling":
             return error_response(f"The model does not support {'Chat ' if chat else ''}Completions API", 404)
-        refusal = self._refusal()
+        refusal = self._refusal(request)
         if refusal is not None:
             return refusal
         try:
