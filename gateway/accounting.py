@@ -23,7 +23,7 @@ def finish(ctx: RequestContext, metrics: GatewayMetrics, ledger: LedgerWriter | 
     if ctx.tenant is not None:
         ctx.cost_usd, ctx.price_version = price(ctx, now)
         if ctx.cost_usd:
-            metrics.cost.labels(ctx.tenant.name, ctx.model or "none").inc(ctx.cost_usd)
+            metrics.cost.labels(ctx.tenant.name, ctx.served_model or "none").inc(ctx.cost_usd)
         if spend is not None:
             spend.settle(ctx, ctx.cost_usd)
         if ratelimit is not None and ctx.charge is not None:
@@ -33,7 +33,7 @@ def finish(ctx: RequestContext, metrics: GatewayMetrics, ledger: LedgerWriter | 
             ratelimit.settle(ctx.charge, used, ran)  # type: ignore[arg-type]
     if ledger is not None and (record := draft(ctx, now)) is not None:
         ledger.append(record)
-    tier, model = ctx.label, ctx.model or "none"  # the class the request ran in: batch lines count as batch
+    tier, model = ctx.label, ctx.served_model or "none"  # the class the request ran in: batch lines count as batch
     queue_wait, connect, ttft, tpot, duration = metrics.stage_children(tier, model)
     for child, value in ((queue_wait, t.queue_wait), (connect, t.upstream_connect), (ttft, t.ttft),
                          (tpot, t.tpot), (duration, t.total)):
@@ -56,7 +56,8 @@ def finish(ctx: RequestContext, metrics: GatewayMetrics, ledger: LedgerWriter | 
     logs.emit({
         "time": now, "request_id": ctx.request_id, "tenant": ctx.tenant.name if ctx.tenant else None,
         "tier": ctx.tenant.tier if ctx.tenant else None, "class": tier, "batch": ctx.batch,
-        "model": ctx.model, "endpoint": ctx.endpoint, "stream": ctx.stream, "worker": ctx.worker, "route": ctx.route,
+        "model": ctx.model, "served_model": ctx.served_model, "endpoint": ctx.endpoint, "stream": ctx.stream,
+        "worker": ctx.worker, "route": ctx.route,
         "attempts": ctx.attempts, "status": ctx.status, "error": ctx.error,
         "prompt_tokens": ctx.prompt_tokens, "completion_tokens": ctx.completion_tokens,
         "cached_tokens": ctx.cached_tokens, "usage_estimated": ctx.usage_estimated,

@@ -98,6 +98,11 @@ class RequestContext:
     status: int = 0  # pipeline.Lifecycle: the status the client got (499 if it left, or got none)
 
     @property
+    def served_model(self) -> str | None:
+        """The model that answered: the one asked for, or the fallback that took the request."""
+        return self.answered_by or self.model
+
+    @property
     def label(self) -> str:
         """The class this request ran in, as metrics label it ("none" before authentication)."""
         return self.service_class if self.tenant else "none"
@@ -116,4 +121,6 @@ class RequestContext:
             headers.append((b"x-tollgate-cache", self.cache.encode()))
         if self.cache_similarity is not None:
             headers.append((b"x-tollgate-cache-similarity", f"{self.cache_similarity:.4f}".encode()))
+        if self.answered_by is not None:
+            headers.append((b"x-tollgate-model", self.answered_by.encode()))
         return headers

@@ -272,6 +272,12 @@ def clamp_output(ctx: RequestContext, call: Call, tokens: int, why: str) -> None
     ctx.max_tokens_applied = f"{why}; value={tokens}"
 
 
+def retarget(call: Call, model: str, route: ModelRoute) -> None:
+    """Send a prepared request to another model (a fallback): its route, and the name in the body."""
+    call.route = route
+    call.body["model"] = model
+
+
 ENGINE_PRIORITY = {"premium": 0, "standard": 1, "batch": 2}  # vLLM's priority: lower runs first
 
 

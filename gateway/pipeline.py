@@ -18,8 +18,8 @@ from gateway.cache import replay
 from gateway.cache.decision import CacheDecision, decide
 from gateway.cache.service import Lookup
 from gateway.context import RequestContext
-from gateway.errors import ClientGone, GatewayError, Unavailable
-from gateway.policy.schema import TIERS
+from gateway.errors import ClientGone, GatewayError, Shed, Unavailable
+from gateway.policy.schema import TIERS, ModelRoute
 from gateway.runtime import Gateway
 from gateway.scheduling.controller import Controller
 from gateway.sink import Sink
@@ -88,12 +88,9 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
         await serve_hit(ctx, decision.lookup, sink, call.wants_usage)
         return
     ctx.service_class = await gw.spend.admit(ctx, call)  # may clamp, downgrade or refuse; reserves the worst case
-    pool = gw.upstreams.pools.get(call.route.pool)
-    if pool is None:
-        raise Unavailable(f"No worker pool serves the model '{ctx.model}' right now.", "upstream_unavailable")
+    pool = await admit(gw, ctx, call)
     payload = await openai_api.serialise(call, ctx.service_class)
     affinity = of_request(call.body, session) if len(pool.workers) > 1 and pool.spec.routing == "prefix" else None
-    await gw.scheduler.admit(ctx, pool.admission, call.cost, call.size)
     relayed, ended = Relayed(), None
     try:
         await exchange(ctx, pool, payload, sink, relayed, (call.wants_usage, call.wants_continuous_usage),
@@ -106,6 +103,48 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
         gw.scheduler.release(ctx, pool.admission, ended)
     ctx.timings.tpot = relayed.tpot
     _remember(gw, ctx, decision, relayed)
+
+
+async def admit(gw: Gateway, ctx: RequestContext, call: openai_api.Call) -> UpstreamPool:
+    """Admit the request to its model's pool; when that pool has no healthy worker or sheds the request, to the
+    first of the model's fallbacks that the tenant may use and whose context window fits the request (batch
+    lines only where the route allows it). A fallback is priced and reserved as itself, and the answer names it
+    (``ctx.answered_by``: the X-Tollgate-Model header, the ledger, the log)."""
+    route, tried = call.route, {ctx.model}
+    while True:
+        pool = gw.upstreams.pools.get(route.pool)
+        try:
+            if pool is None:
+                raise Unavailable(f"No worker pool serves the model '{ctx.served_model}' right now.",
+                                  "upstream_unavailable")
+            await gw.scheduler.admit(ctx, pool.admission, call.cost, call.size)
+            return pool
+        except (Unavailable, Shed):
+            fallback = _fallback(ctx, call, tried)
+            if fallback is None:
+                raise
+        name, route = fallback
+        tried.add(name)
+        ctx.answered_by = name
+        openai_api.retarget(call, name, route)
+        await gw.spend.switch(ctx, call)
+
+
+def _fallback(ctx: RequestContext, call: openai_api.Call, tried: set[str | None]) -> tuple[str, ModelRoute] | None:
+    """The next fallback of the requested model this request may use, or None."""
+    models = ctx.snapshot.policy.models
+    asked = models.get(ctx.model or "")
+    if asked is None or (ctx.batch is not None and not asked.fallbacks_for_batch):
+        return None
+    needs = call.prompt_estimate + call.max_output * call.sequences
+    for name in asked.fallbacks:
+        route = models.get(name)
+        if route is None or name in tried or not ctx.tenant or not ctx.tenant.may_use(name):
+            continue
+        if route.context_window is not None and needs > route.context_window:
+            continue
+        return name, route
+    return None
 
 
 async def exchange(ctx: RequestContext, pool: UpstreamPool, payload: bytes, sink: Sink, relayed: Relayed,
@@ -162,6 +201,8 @@ async def fail(ctx: RequestContext, sink: Sink, exc: GatewayError) -> None:
 def _remember(gw: Gateway, ctx: RequestContext, decision: CacheDecision | None, relayed: Relayed) -> None:
     if decision is None or not decision.keep_answer or relayed.captured is None or gw.cache is None:
         return
+    if ctx.answered_by is not None:
+        return  # a fallback's answer is not the asked model's
     assert decision.key is not None
     vector = decision.lookup.vector if decision.lookup is not None else None
     gw.cache.remember(decision.key, ctx.endpoint, relayed.captured, ctx.stream, vector, ctx.snapshot.policy.cache)

@@ -27,13 +27,14 @@ class Draft:
 def price(ctx: RequestContext, when: float) -> tuple[float, str | None]:
     """(cost in USD, price version id) of a finished request, at the version in force on its UTC day."""
     prices: Prices = ctx.snapshot.policy.prices
-    version = pricing.version_on(prices, ctx.model, datetime.fromtimestamp(when, UTC).date())
-    if version is None or ctx.model is None:
+    model = ctx.served_model  # a fallback's price when a fallback answered
+    version = pricing.version_on(prices, model, datetime.fromtimestamp(when, UTC).date())
+    if version is None or model is None:
         return 0.0, None
     usage = pricing.Usage(ctx.prompt_tokens or 0, ctx.completion_tokens or 0, ctx.cached_tokens or 0)
     hit = bool(ctx.cache and ctx.cache.startswith("hit"))
     return (pricing.cost(prices, version, usage, ctx.service_class, ctx.batch is not None, hit),
-            pricing.version_id(ctx.model, version))
+            pricing.version_id(model, version))
 
 
 def draft(ctx: RequestContext, finished_at: float) -> Draft | None:
@@ -44,7 +45,7 @@ def draft(ctx: RequestContext, finished_at: float) -> Draft | None:
     t = ctx.timings
     return Draft({
         "id": f"{_PREFIX}-{next(_counter):x}", "request_id": ctx.request_id, "tenant": tenant.name,
-        "key_id": ctx.key_id, "tier": tenant.tier, "service_class": ctx.service_class, "model": ctx.model,
+        "key_id": ctx.key_id, "tier": tenant.tier, "service_class": ctx.service_class, "model": ctx.served_model,
         "endpoint": ctx.endpoint, "stream": ctx.stream, "status": ctx.status, "error": ctx.error,
         "prompt_tokens": ctx.prompt_tokens or 0, "completion_tokens": ctx.completion_tokens or 0,
         "cached_tokens": ctx.cached_tokens or 0, "cache": ctx.cache, "estimated": ctx.usage_estimated,

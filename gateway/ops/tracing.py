@@ -133,7 +133,7 @@ def server_attributes(ctx: RequestContext, operation: str) -> dict[str, Any]:
         "tollgate.request_id": ctx.request_id, "tollgate.class": ctx.label, "tollgate.cost_usd": ctx.cost_usd,
     }
     optional = {
-        "gen_ai.request.model": ctx.model, "gen_ai.response.model": ctx.answered_by or ctx.model,
+        "gen_ai.request.model": ctx.model, "gen_ai.response.model": ctx.served_model,
         "gen_ai.usage.input_tokens": ctx.prompt_tokens, "gen_ai.usage.output_tokens": ctx.completion_tokens,
         "gen_ai.request.max_tokens": _max_tokens(ctx.max_tokens_applied),
         "tollgate.tenant": ctx.tenant.name if ctx.tenant else None, "tollgate.worker": ctx.worker,

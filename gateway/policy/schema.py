@@ -127,6 +127,11 @@ class ModelRoute(Strict):
     upstream_model: str | None = Field(None, description="the name the workers serve; defaults to the key")
     kind: Literal["generate", "embed"] = Field(
         "generate", description="generate: chat and completions; embed: /v1/embeddings (vLLM's --runner pooling)")
+    context_window: int | None = Field(None, ge=1, description="tokens; a fallback is used only for a request "
+                                       "that fits it (unknown: any)")
+    fallbacks: list[Name] = Field(default_factory=list, description="models tried in order when this model's "
+                                  "pool has no healthy worker or sheds the request")
+    fallbacks_for_batch: bool = Field(False, description="batch lines may fall back too (they can wait instead)")
 
 
 class Server(Strict):
@@ -335,6 +340,16 @@ def cross_reference_errors(policy: Policy) -> list[tuple[str, str]]:
             if not getattr(policy, section):
                 errors.append((section, f"no {section}: this policy would serve nothing (set allow_empty: true "
                                         "if that is intended)"))
+    for name, route in policy.models.items():
+        for i, fallback in enumerate(route.fallbacks):
+            other = policy.models.get(fallback)
+            where = f"models.{name}.fallbacks[{i}]"
+            if other is None:
+                errors.append((where, f"model '{fallback}' is not defined under models"))
+            elif fallback == name:
+                errors.append((where, "a model cannot be its own fallback"))
+            elif other.kind != route.kind:
+                errors.append((where, f"model '{fallback}' is an {other.kind} model, '{name}' a {route.kind} one"))
     owners: dict[str, str] = {}
     for name, tenant in policy.tenants.items():
         if tenant.tier not in policy.tiers:

@@ -105,6 +105,23 @@ class Spend:
             await self._reserve(ctx, tenant, tenant.budget, priced(call.size), now)  # a bound: bytes as tokens
         return klass
 
+    async def switch(self, ctx: RequestContext, call: Call) -> None:
+        """The request moves to a fallback model (``ctx.served_model``): its reservation is released and made
+        again at that model's price, so what it can cost stays bounded by what was reserved."""
+        tenant = ctx.tenant
+        assert tenant is not None
+        if ctx.reservation is not None:
+            self.settle(ctx, 0.0)
+            ctx.reservation = None
+        now = time.time()
+        prices = ctx.snapshot.policy.prices
+        version = pricing.version_on(prices, ctx.served_model, datetime.fromtimestamp(now, UTC).date())
+        if version is None or tenant.budget is None:
+            return
+        usage = pricing.Usage(call.size, call.max_output * call.sequences)
+        worst = pricing.cost(prices, version, usage, ctx.service_class, ctx.batch is not None, False)
+        await self._reserve(ctx, tenant, tenant.budget, worst, now)
+
     def _anomaly(self, ctx: RequestContext, call: Call, worst_usd: float, baseline: float,
                  version: Any) -> str:
         tenant = ctx.tenant
