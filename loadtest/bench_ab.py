@@ -41,11 +41,12 @@ print(json.dumps(out))
 """
 
 
-def one_start(checkout: Path, seconds: float) -> dict[str, list[float]]:
+def one_start(checkout: Path, seconds: float, env: dict[str, str] | None = None) -> dict[str, list[float]]:
     import json
+    import os
 
     done = subprocess.run([sys.executable, "-c", _ONE_START % {"seconds": seconds}], cwd=checkout,
-                          capture_output=True, text=True, check=True, timeout=300)
+                          capture_output=True, text=True, check=True, timeout=300, env={**os.environ, **(env or {})})
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -55,11 +56,15 @@ def main() -> None:
     parser.add_argument("new", type=Path)
     parser.add_argument("--starts", type=int, default=3, help="starts per checkout")
     parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--new-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable for the new checkout's gateways only (e.g. OTEL_* to measure "
+                             "tracing on against off in one checkout)")
     args = parser.parse_args()
+    new_env = dict(item.split("=", 1) for item in args.new_env)
     runs: dict[str, dict[str, list[float]]] = {"old": {"stream": [], "plain": []}, "new": {"stream": [], "plain": []}}
     for _ in range(args.starts):
         for name, checkout in (("old", args.old), ("new", args.new)):
-            result = one_start(checkout.resolve(), args.seconds)
+            result = one_start(checkout.resolve(), args.seconds, new_env if name == "new" else None)
             for kind, values in result.items():
                 runs[name][kind] += values
             print(name, {k: [round(v, 2) for v in vs] for k, vs in result.items()}, flush=True)
