@@ -31,11 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from gateway.ledger.prices import Usage, recompute
 from gateway.policy.schema import Prices
-from loadtest.procs import ROOT, Proc, start_gateway, start_sim
+from loadtest.procs import Proc, default_policy, start_gateway, start_sim
 from workers.process import free_port
 
 CUT_NON_STREAM = True
@@ -51,8 +50,7 @@ class Outcome:
 
 
 def policy(workers: list[str]) -> dict[str, Any]:
-    p = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text())
-    p["pools"]["local-sim"]["workers"] = workers
+    p = default_policy(workers)
     p["pools"]["local-sim"]["cooldown_s"] = 1
     p["cache"]["enabled"] = False
     p["tenants"]["demo-batch"]["models"] = ["*"]

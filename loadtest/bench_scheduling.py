@@ -16,10 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from loadtest import report
-from loadtest.procs import ROOT, start_gateway, start_sim
+from loadtest.procs import ROOT, default_policy, start_gateway, start_sim
 from loadtest.runner import Run, run
 from loadtest.spec import load_spec
 from loadtest.stats import percentile
@@ -28,8 +26,7 @@ SIM_FLAGS = ("--max-num-seqs", "4", "--decode-base-ms", "12")
 
 
 def gateway_policy(workers: list[str], mode: str) -> dict[str, Any]:
-    policy = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text())
-    policy["pools"]["local-sim"]["workers"] = workers
+    policy = default_policy(workers)
     policy["cache"]["enabled"] = False
     policy["scheduling"] = {"mode": mode}
     return policy

@@ -94,6 +94,20 @@ def start_gateway(log_dir: Path, policy: dict[str, Any], ready: str = "/readyz",
     return proc
 
 
+def default_policy(workers: list[str]) -> dict[str, Any]:
+    """policies/default.yaml with its chat pool on ``workers`` and without its embedding model: the benches start
+    chat workers only, and a pool with no healthy worker keeps a gateway unready."""
+    policy = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text())
+    policy["pools"]["local-sim"]["workers"] = workers
+    embed = {name for name, route in policy["models"].items() if route.get("kind") == "embed"}
+    for name in embed:
+        policy["pools"].pop(policy["models"].pop(name)["pool"], None)
+        policy["prices"]["models"].pop(name, None)
+    for tenant in policy["tenants"].values():
+        tenant["models"] = [m for m in tenant.get("models", []) if m not in embed]
+    return policy
+
+
 def start_nginx(log_dir: Path, ports: list[int]) -> Proc:
     """nginx on deploy/nginx/tollgate.conf (the sources' front: HTTP/1.1 keep-alive upstream, no buffering) in
     front of gateway replicas on ``ports``; the conf's two example upstream servers become these."""

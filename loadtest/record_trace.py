@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
-from loadtest.procs import ROOT, start_gateway, start_sim
+from loadtest.procs import ROOT, default_policy, start_gateway, start_sim
 from loadtest.runner import run
 from loadtest.spec import load_spec
 
@@ -35,8 +34,7 @@ FIELDS = ("t_s", "phase", "workers", "kv_usage", "queued", "ttft_p95_ms", "ttft_
 
 
 def gateway_policy(workers: list[str]) -> dict[str, Any]:
-    policy = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text())
-    policy["pools"]["local-sim"]["workers"] = workers
+    policy = default_policy(workers)
     policy["pools"]["local-sim"]["autoscaling"] = {"min_workers": 1, "max_workers": 8}
     policy["cache"]["enabled"] = False
     return policy
