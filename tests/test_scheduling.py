@@ -269,35 +269,6 @@ def test_standard_leaves_the_premium_reserve() -> None:
     asyncio.run(main())
 
 
-def test_premium_borrows_what_another_replica_leaves_unused() -> None:
-    """Two replicas split the worker's 4 slots, 2 each; this one is full and the other holds nothing: premium
-    starts at once in the other's part, standard waits for this one's."""
-    async def main() -> None:
-        from gateway.state.replicas import Share
-
-        h = Harness()
-        h.worker.learned.limit = 4
-        h.controller.share = Share(0, 2)
-        h.worker.agreed.limit = 4
-        running = [await h.admit(h.ctx("s1")), await h.admit(h.ctx("s2"))]
-        standard = h.queue("s1")
-        await settle()
-        assert h.granted == ["s1", "s2"], "this replica's part is full"
-        premium = h.queue("p1")
-        await settle()
-        assert h.granted == ["s1", "s2"], "the positive control: nothing to borrow yet"
-        premium.cancel()
-        h.worker.agreed.spare = 2  # the other replica's last heartbeat: its two slots free
-        await h.admit(h.ctx("p1"))
-        assert h.granted == ["s1", "s2", "p1"], "premium borrows a slot the other replica leaves unused"
-        assert not standard.done(), "standard never borrows"
-        for ctx in running:
-            h.release(ctx)
-        await settle()
-        assert standard.done()
-    asyncio.run(main())
-
-
 def test_a_request_may_ask_for_a_lower_class_never_a_higher_one() -> None:
     from gateway.pipeline import lower_class
 

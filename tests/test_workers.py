@@ -124,11 +124,6 @@ def test_each_process_takes_its_share_of_a_workers_limit() -> None:
     many = [worker_slots(worker, spec, scheduling, 100.5, Share(i, 7)) for i in range(7)]
     assert sum(many) == 5 and many.count(0) == 2, "more processes than slots: some send this worker nothing"
     assert worker_slots(worker, spec, scheduling, 100.5, Share(0, 2, ready=False)) == 0, "a newcomer waits"
-    worker.agreed.spare = 2  # the other process leaves two of its part unused: premium may borrow them
-    assert worker_slots(worker, spec, scheduling, 100.5, Share(1, 2), borrow=True) == 4
-    assert worker_slots(worker, spec, scheduling, 100.5, Share(1, 2)) == 2, "only premium borrows"
-    assert worker_slots(worker, spec, scheduling, 100.5, Share(1, 2, ready=False), borrow=True) == 0
-    worker.agreed.spare = 0
     worker.agreed.excess = 2  # another process still holds two beyond its (shrunk) part
     assert worker_slots(worker, spec, scheduling, 100.5, Share(1, 2)) == 0, "room left for the others to drain"
 

@@ -52,7 +52,6 @@ class Learned:
 class Agreed:
     limit: int = 0  # the lowest limit any live gateway process learned; 0: none agreed (alone, or Redis down)
     excess: int = 0  # what other gateway processes hold here beyond their parts
-    spare: int = 0  # what other gateway processes leave unused of their parts (lent to premium)
 
 
 @dataclass(eq=False)

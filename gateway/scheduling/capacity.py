@@ -86,12 +86,11 @@ def learn(worker: Worker, ceiling: int, wanted: bool = False) -> None:
 
 
 def worker_slots(worker: Worker, spec: Pool, scheduling: SchedulingPolicy, now: float,
-                 share: Share = ALONE, borrow: bool = False) -> int:
+                 share: Share = ALONE) -> int:
     """How many of this process's requests the worker may hold now (those it holds already included).
 
     Each gateway process takes its ``share`` of the worker's limit, so N processes together never hand it
-    more than it runs; ``borrow`` (premium only) adds what the other processes left unused at their last
-    heartbeat."""
+    more than it runs."""
     if not worker.available(now):
         return 0
     observed, learned = worker.observed, worker.learned
@@ -103,11 +102,8 @@ def worker_slots(worker: Worker, spec: Pool, scheduling: SchedulingPolicy, now: 
         limit = learned.limit or min(spec.max_inflight_per_worker, START_LIMIT)
     else:  # its metrics say nothing now: what its answers show, never less than its last reading
         limit = max(int(learned.stream_limit) or min(spec.max_inflight_per_worker, START_LIMIT), learned.limit)
-    agreed = worker.agreed
-    part = share.of_limit(min(limit, agreed.limit) if agreed.limit else limit)
-    if borrow and share.ready:  # a newcomer borrows nothing before the others have seen it
-        part += agreed.spare
-    return max(0, part - agreed.excess)  # others still over their parts: leave it to them to drain
+    part = share.of_limit(min(limit, worker.agreed.limit) if worker.agreed.limit else limit)
+    return max(0, part - worker.agreed.excess)  # others still over their parts: leave it to them to drain
 
 
 # The request stream's signal (``finished``)
@@ -172,5 +168,5 @@ def still_learning(worker: Worker, now: float, scheduling: SchedulingPolicy) -> 
 
 
 def capacity(workers: list[Worker], spec: Pool, scheduling: SchedulingPolicy, now: float,
-             share: Share = ALONE, borrow: bool = False) -> int:
-    return sum(worker_slots(w, spec, scheduling, now, share, borrow) for w in workers)
+             share: Share = ALONE) -> int:
+    return sum(worker_slots(w, spec, scheduling, now, share) for w in workers)

@@ -186,8 +186,8 @@ class Controller:
         free = total - state.granted
         if tenant is not None and tenant in state.blocked_tenants(klass, total, scheduling, now):
             return False
-        if klass == "premium":  # may borrow what other replicas leave unused (state/replicas.py)
-            return free > 0 or capacity(state.workers, state.spec, scheduling, now, self.share, True) > state.granted
+        if klass == "premium":
+            return free > 0
         reserve = held_back(total, scheduling.premium_reserve)
         if klass == "standard":
             return free > reserve

@@ -18,11 +18,7 @@ carries, per worker, the limit this process learned and how many requests it hol
 - a process holding more than its part (its part shrank when another joined, its long streams have not
   ended yet) is ``excess`` the others leave unused, so a join during a rolling update does not over-fill a
   worker while the old parts drain (a held count a heartbeat old is an overestimate: a process over its part
-  sends nothing new);
-- what a process leaves unused of its part (``spare``) is lent to premium requests at the others: a premium
-  request never waits out its deadline at one replica while another holds a free slot (measured: 6 of 442
-  premium shed at 2x overload before). The spare is a heartbeat old, so the worker may run a premium request
-  or two beyond its limit for a moment when both fill up at once; the other classes never borrow.
+  sends nothing new).
 
 A newcomer takes its part only after ``2 * beat_s``, when every other process has seen it and shrunk its own
 part; until then it sends nothing new upstream (it queues). While Redis is down each process keeps its last
@@ -126,7 +122,6 @@ class Replicas:
         self.live: list[str] = []
         self.agreed: dict[str, int] = {}  # worker URL -> the lowest limit a live process learned for it
         self.excess: dict[str, int] = {}  # worker URL -> what the other processes hold beyond their parts
-        self.spare: dict[str, int] = {}  # worker URL -> what the other processes leave unused of their parts
         self._script = self.redis.register_script(_BEAT)
         self._clock = clock
         self._joined: float | None = None  # the time of this process's first heartbeat that Redis took
@@ -162,20 +157,14 @@ class Replicas:
                 if limit > 0:
                     agreed[url] = min(agreed.get(url, limit), limit)
         excess: dict[str, int] = {}
-        spare: dict[str, int] = {}
         for member, view in views.items():
             if member == self.id:
                 continue
             part = Share(self.live.index(member), len(self.live))
             for url, (_, held) in view.items():
-                if url not in agreed:
-                    continue
-                theirs = part.of_limit(agreed[url])
-                if held > theirs:
-                    excess[url] = excess.get(url, 0) + held - theirs
-                elif held < theirs:
-                    spare[url] = spare.get(url, 0) + theirs - held
-        self.agreed, self.excess, self.spare = agreed, excess, spare
+                if url in agreed and held > part.of_limit(agreed[url]):
+                    excess[url] = excess.get(url, 0) + held - part.of_limit(agreed[url])
+        self.agreed, self.excess = agreed, excess
         young = now - self._joined < 2 * self.beat_s and len(self.live) > 1
         self.share = Share(self.live.index(self.id), len(self.live), ready=not young)
         return self.share
@@ -185,7 +174,6 @@ class Replicas:
         for worker in workers:
             worker.agreed.limit = self.agreed.get(worker.url, 0)
             worker.agreed.excess = self.excess.get(worker.url, 0)
-            worker.agreed.spare = self.spare.get(worker.url, 0)
 
     async def leave(self) -> None:
         """On a clean stop: the others take this part at their next heartbeat instead of after 3 silent ones."""
