@@ -20,7 +20,8 @@ from gateway.policy.schema import ModelRoute
 
 # The endpoints the gateway serves, by the name a request context carries, and their paths (on the HTTP edge,
 # in batch files, and on the workers alike).
-PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings",
+         "responses": "/v1/responses"}
 ENDPOINT_OF_PATH = {path: name for name, path in PATHS.items()}
 LARGE_BODY = 64 * 1024  # parse and serialise bodies above this off the event loop
 ECHO_LIMIT = 64  # characters of a client-chosen value echoed back in an error
@@ -118,6 +119,27 @@ def validate_completion(body: dict[str, Any]) -> str:
     return model
 
 
+def validate_responses(body: dict[str, Any]) -> str:
+    """A Responses API body: ``input`` a non-empty string or array of input items."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required and must be a non-empty string.", "missing_model", param="model")
+    value = body.get("input")
+    if not ((isinstance(value, str) and value) or (isinstance(value, list) and value and all(
+            isinstance(item, dict) for item in value))):
+        raise _bad("input", "'input' must be a non-empty string or array of input items.")
+    for name in ("instructions", "previous_response_id"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise _bad(name, f"'{name}' must be a string.")
+    for name in ("stream", "store"):
+        if body.get(name) is not None and not isinstance(body[name], bool):
+            raise _bad(name, f"'{name}' must be a boolean.")
+    _number(body, "temperature", 0, 2)
+    _number(body, "top_p", 0, 1)
+    _integer(body, "max_output_tokens", 1)
+    return model
+
+
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on the inputs of one embeddings request
 _ENCODINGS = frozenset({"float", "base64"})
 
@@ -158,14 +180,22 @@ def embedding_inputs(body: dict[str, Any]) -> int:
     return 0
 
 
-def apply_max_tokens(body: dict[str, Any], tenant: TenantView) -> str:
+def output_field(endpoint: str, body: dict[str, Any]) -> str:
+    """The body field that bounds the output: the Responses API's max_output_tokens, or the one of max_tokens
+    and max_completion_tokens the client used."""
+    if endpoint == "responses":
+        return "max_output_tokens"
+    return "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+
+
+def apply_max_tokens(body: dict[str, Any], tenant: TenantView, endpoint: str = "chat") -> str:
     """Enforce the tier's default and cap in place; returns what was applied, for a response header."""
-    field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    field = output_field(endpoint, body)
     asked = body.get(field)
     cap = tenant.max_tokens_cap
     if asked is None:
         value = min(tenant.max_tokens_default, cap)
-        body["max_tokens"] = value
+        body[field] = value
         return f"default; value={value}"
     if asked <= cap:
         return f"requested; value={asked}"
@@ -219,7 +249,8 @@ class Call:
         return self.prompt_estimate + self.max_output * self.sequences
 
 
-_VALIDATORS = {"chat": validate_chat, "completions": validate_completion, "embeddings": validate_embeddings}
+_VALIDATORS = {"chat": validate_chat, "completions": validate_completion, "embeddings": validate_embeddings,
+               "responses": validate_responses}
 
 
 async def prepare(ctx: RequestContext, raw: bytes) -> Call:
@@ -241,8 +272,11 @@ async def prepare(ctx: RequestContext, raw: bytes) -> Call:
     engine_priority = pool is not None and pool.engine_priority
     if ctx.endpoint == "embeddings":  # no output tokens: its cost is its input, known in full
         return Call(body, route, False, False, engine_priority, len(raw), 0, "max_tokens", embedding_inputs(body))
-    ctx.max_tokens_applied = apply_max_tokens(body, ctx.tenant)
+    ctx.max_tokens_applied = apply_max_tokens(body, ctx.tenant, ctx.endpoint)
     ctx.stream = bool(body.get("stream"))
+    field = output_field(ctx.endpoint, body)
+    if ctx.endpoint == "responses":  # the usage comes in the response object itself, streamed or not
+        return Call(body, route, True, True, engine_priority, len(raw), int(body[field]), field, 1)
     wants_usage = wants_continuous = False
     if ctx.stream:
         options = body.get("stream_options")
@@ -251,7 +285,6 @@ async def prepare(ctx: RequestContext, raw: bytes) -> Call:
         wants_continuous = wants_usage and bool(options.get("continuous_usage_stats"))
         # the ledger needs the usage, and on every chunk, so that a stream cut anywhere is still counted exactly
         body["stream_options"] = {**options, "include_usage": True, "continuous_usage_stats": True}
-    field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     return Call(body, route, wants_usage, wants_continuous, engine_priority, len(raw), int(body[field]), field,
                 sequences(body))
 

@@ -18,13 +18,14 @@ from gateway.cache import replay
 from gateway.cache.decision import CacheDecision, decide
 from gateway.cache.service import Lookup
 from gateway.context import RequestContext
-from gateway.errors import ClientGone, GatewayError, Shed, Unavailable
+from gateway.errors import ClientGone, GatewayError, NotFound, Shed, Unavailable
 from gateway.policy.schema import TIERS, ModelRoute
 from gateway.runtime import Gateway
 from gateway.scheduling.controller import Controller
 from gateway.sink import Sink
 from gateway.upstream.affinity import Affinity, of_request
 from gateway.upstream.dispatch import dispatch
+from gateway.upstream.homes import Home
 from gateway.upstream.pools import UpstreamPool
 from gateway.upstream.relay import Relayed, relay_body, relay_stream
 
@@ -81,6 +82,7 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
     assert ctx.tenant is not None
     ctx.service_class = lower_class(ctx.tenant.tier, service_class)
     call = await openai_api.prepare(ctx, raw)
+    pinned = _home_of_previous(gw, ctx, call)
     ctx.charge = await gw.ratelimit.check(ctx.tenant, call.worst_tokens)  # requests and tokens per minute
     decision = await decide(gw.cache, ctx, call.body, cache_control, gw.metrics)
     if decision is not None and decision.hit:
@@ -94,13 +96,16 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
     relayed, ended = Relayed(), None
     try:
         await exchange(ctx, pool, payload, sink, relayed, (call.wants_usage, call.wants_continuous_usage),
-                       gw.scheduler, affinity, capture=decision is not None and decision.keep_answer)
+                       gw.scheduler, affinity, capture=decision is not None and decision.keep_answer, pinned=pinned)
     except BaseException as exc:
         ended = exc
         raise
     finally:  # also when the client left or the worker failed: what was delivered is counted
         count_tokens(ctx, relayed, call.prompt_estimate)
         gw.scheduler.release(ctx, pool.admission, ended)
+        if ctx.endpoint == "responses" and ctx.worker is not None:  # where a follow-up must go
+            start = relayed.head if ctx.stream else (relayed.captured or b"")[:512]
+            gw.responses.remember(start, Home(ctx.tenant.name, pool.name, ctx.worker))
     ctx.timings.tpot = relayed.tpot
     _remember(gw, ctx, decision, relayed)
 
@@ -131,10 +136,12 @@ async def admit(gw: Gateway, ctx: RequestContext, call: openai_api.Call) -> Upst
 
 
 def _fallback(ctx: RequestContext, call: openai_api.Call, tried: set[str | None]) -> tuple[str, ModelRoute] | None:
-    """The next fallback of the requested model this request may use, or None."""
+    """The next fallback of the requested model this request may use, or None (a follow-up of a previous response
+    has none: that response lives on one worker of its own model)."""
     models = ctx.snapshot.policy.models
     asked = models.get(ctx.model or "")
-    if asked is None or (ctx.batch is not None and not asked.fallbacks_for_batch):
+    if asked is None or (ctx.batch is not None and not asked.fallbacks_for_batch) or \
+            call.body.get("previous_response_id"):
         return None
     needs = call.prompt_estimate + call.max_output * call.sequences
     for name in asked.fallbacks:
@@ -149,14 +156,30 @@ def _fallback(ctx: RequestContext, call: openai_api.Call, tried: set[str | None]
 
 async def exchange(ctx: RequestContext, pool: UpstreamPool, payload: bytes, sink: Sink, relayed: Relayed,
                    usage: tuple[bool, bool], scheduler: Controller, affinity: Affinity | None = None,
-                   capture: bool = False) -> None:
-    """Dispatch to a worker and relay its answer to the sink; ``relayed`` learns what went by."""
-    async with dispatch(ctx, pool, openai_api.PATHS[ctx.endpoint], payload, affinity) as (worker, response):
+                   capture: bool = False, pinned: str | None = None) -> None:
+    """Dispatch to a worker (``pinned``: only that one) and relay its answer to the sink; ``relayed`` learns what
+    went by."""
+    async with dispatch(ctx, pool, openai_api.PATHS[ctx.endpoint], payload, affinity, pinned) as (worker, response):
         if ctx.stream and response.status == 200:
             first = functools.partial(scheduler.first_token, pool.admission, worker, ctx.snapshot.policy.scheduling)
             await relay_stream(ctx, worker, response, sink, relayed, usage, pool.spec.cooldown_s, capture, first)
         else:
             await relay_body(ctx, worker, response, sink, relayed, pool.spec.cooldown_s)
+
+
+def _home_of_previous(gw: Gateway, ctx: RequestContext, call: openai_api.Call) -> str | None:
+    """The worker a Responses API follow-up must go to (the one that made its previous response), or None when it
+    continues nothing. A previous response this gateway did not make for this tenant is a 404, never a guess."""
+    previous = call.body.get("previous_response_id") if ctx.endpoint == "responses" else None
+    if not previous:
+        return None
+    assert ctx.tenant is not None
+    home = gw.responses.find(previous, ctx.tenant.name)
+    if home is None:
+        raise NotFound(f"No response '{openai_api.echo(previous)}' is known for this tenant (responses live on the "
+                       "worker that made them, and only as long as it runs).", "response_not_found",
+                       param="previous_response_id")
+    return home.worker
 
 
 def count_tokens(ctx: RequestContext, relayed: Relayed, prompt_estimate: int) -> None:
@@ -166,9 +189,10 @@ def count_tokens(ctx: RequestContext, relayed: Relayed, prompt_estimate: int) ->
     completion from the token events relayed, and the record says it is an estimate."""
     usage = relayed.usage
     if usage is not None:
-        # an embeddings answer has no completion_tokens
-        ctx.prompt_tokens, ctx.completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens") or 0
-        details = usage.get("prompt_tokens_details")
+        # an embeddings answer has no completion_tokens; the Responses API says input_ and output_tokens
+        ctx.prompt_tokens = usage.get("prompt_tokens", usage.get("input_tokens"))
+        ctx.completion_tokens = usage.get("completion_tokens", usage.get("output_tokens")) or 0
+        details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
         ctx.cached_tokens = details.get("cached_tokens") if isinstance(details, dict) else None
     elif ctx.timings.upstream_connect is not None and (relayed.events or not relayed.answered):
         ctx.prompt_tokens, ctx.completion_tokens = prompt_estimate, relayed.events

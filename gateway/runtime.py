@@ -25,6 +25,7 @@ from gateway.spend.service import Spend
 from gateway.state import SharedState
 from gateway.state.replicas import ALONE, Replicas, Share
 from gateway.upstream.dispatch import connect_trace
+from gateway.upstream.homes import ResponseHomes
 from gateway.upstream.pools import Upstreams
 
 log = logging.getLogger("tollgate.state")
@@ -51,6 +52,7 @@ class Gateway:
         self.upstreams = Upstreams(self.metrics, traces=[connect_trace()], on_metrics=self._on_metrics)
         self.cache: SemanticCache | None = None
         self.tracer = tracing.from_config(store.current.policy.tracing)  # read once, at start
+        self.responses = ResponseHomes()  # which worker made which Responses API answer
         self.draining = False  # set on SIGTERM: /readyz turns 503 while answers in flight finish
         self._tasks: set[asyncio.Task[None]] = set()  # background work; each task leaves the set when done
 

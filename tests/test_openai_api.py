@@ -107,3 +107,57 @@ def test_embeddings_validation_names_the_parameter(body: dict[str, Any], param: 
         validate_embeddings(body)
     assert caught.value.param == param
     assert validate_embeddings({"model": "e", "input": ["x"] * MAX_EMBEDDING_INPUTS}) == "e"
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"input": "x"}, "model"),
+    ({"model": "m", "input": ""}, "input"),
+    ({"model": "m", "input": ["text"]}, "input"),
+    ({"model": "m", "input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"model": "m", "input": "x", "previous_response_id": 7}, "previous_response_id"),
+    ({"model": "m", "input": "x", "stream": "yes"}, "stream"),
+])
+def test_responses_validation_names_the_parameter(body: dict[str, Any], param: str) -> None:
+    from gateway.openai_api import validate_responses
+
+    with pytest.raises(InvalidRequest) as caught:
+        validate_responses(body)
+    assert caught.value.param == param
+    assert validate_responses({"model": "m", "input": [{"role": "user", "content": "hi"}]}) == "m"
+
+
+def test_max_output_tokens_is_the_responses_apis_bound() -> None:
+    body: dict[str, Any] = {}
+    assert apply_max_tokens(body, tenant(), "responses") == "default; value=512" and body == {"max_output_tokens": 512}
+    body = {"max_output_tokens": 5000}
+    assert apply_max_tokens(body, tenant(), "responses") == "clamped; requested=5000; value=1024"
+    assert body == {"max_output_tokens": 1024}
+
+
+def test_a_responses_stream_keeps_its_usage_and_counts_its_deltas() -> None:
+    """The Responses API's events go by unchanged; the usage is read off the final event, and a stream cut
+    before it still says how many text deltas it carried."""
+    from gateway.upstream.homes import Home, ResponseHomes
+    from gateway.upstream.relay import Relayed, _ResponsesTap
+
+    relayed = Relayed()
+    tap = _ResponsesTap(relayed)
+    created = (b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_abc","usage":null}}'
+               b"\n\n")
+    deltas = b"".join(b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"a"}'
+                      b"\n\n" for _ in range(3))
+    done = (b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"resp_abc","usage":'
+            b'{"input_tokens":9,"input_tokens_details":{"cached_tokens":0},"output_tokens":3,'
+            b'"output_tokens_details":{"reasoning_tokens":0},"total_tokens":12}}}\n\n')
+    assert tap(created) == created and tap(deltas) == deltas and relayed.usage is None and relayed.events == 3
+    assert tap(done) == done and relayed.usage == {"input_tokens": 9, "input_tokens_details": {"cached_tokens": 0},
+                                                   "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 0},
+                                                   "total_tokens": 12}
+    homes = ResponseHomes(size=2)
+    assert homes.remember(created, Home("acme", "p", "http://w1")) == "resp_abc"
+    assert homes.find("resp_abc", "acme") == Home("acme", "p", "http://w1")
+    assert homes.find("resp_abc", "globex") is None, "only the tenant that made it finds it"
+    assert homes.remember(b'{"object":"list"}', Home("acme", "p", "http://w1")) is None
+    for rid in ("resp_b", "resp_c"):
+        homes.remember(b'{"id":"' + rid.encode() + b'"}', Home("acme", "p", "http://w2"))
+    assert homes.find("resp_abc", "acme") is None, "bounded: the oldest goes first"

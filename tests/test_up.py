@@ -31,7 +31,7 @@ def test_up_serves_the_demo_key_and_stops_its_workers(tmp_path: Path) -> None:
     gateway_port = free_port()
     with open(tmp_path / "up.log", "wb") as log:
         up = subprocess.Popen([sys.executable, "-m", "gateway", "up", "--policy", str(path), "--port",
-                               str(gateway_port)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                               str(gateway_port), "--data-dir", str(tmp_path / "data")], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                               start_new_session=True)
     url = f"http://127.0.0.1:{gateway_port}"
     try:
@@ -45,6 +45,7 @@ def test_up_serves_the_demo_key_and_stops_its_workers(tmp_path: Path) -> None:
                                                 max_tokens=3)
         assert answer.usage is not None and answer.usage.completion_tokens == 3
         _embeddings(client, url)
+        _responses(client, url)
         up.send_signal(signal.SIGTERM)
         up.wait(20)
         assert wait_for(lambda: not any(_alive(pid) for pid in workers), timeout=10), "workers outlived `up`"
@@ -84,6 +85,44 @@ def _embeddings(client: openai.OpenAI, url: str) -> None:
     assert fresh["cache"] == "miss" and sum(r["cache"] == "hit-exact" for r in records) == 1
     assert fresh["prompt_tokens"] == first.usage.prompt_tokens and fresh["completion_tokens"] == 0
     assert float(fresh["cost_usd"]) > 0  # type: ignore[arg-type]
+
+
+def _responses(client: openai.OpenAI, url: str) -> None:
+    """The official client's Responses API, streamed, through two workers: each follow-up reaches the worker
+    holding its previous response (the simulator, like vLLM, answers 404 anywhere else), the tier's max_tokens
+    policy applies as max_output_tokens, and the ledger counts the usage the final event carried."""
+    events = list(client.responses.create(model="sim-llama-8b", input="Tell me about invoices.", stream=True,
+                                          max_output_tokens=6, extra_body={"ignore_eos": True},
+                                          extra_headers={"x-request-id": "resp-first"}))
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and kinds.count("response.output_text.delta") == 6
+    final = events[-1].response  # type: ignore[union-attr]
+    assert final.usage is not None and final.usage.output_tokens == 6
+    previous = final.id
+    for turn in range(4):  # two workers: an unpinned follow-up would miss half the time
+        follow = client.responses.with_raw_response.create(model="sim-llama-8b", input=f"And then {turn}?",
+                                                           previous_response_id=previous)
+        assert follow.headers["x-tollgate-max-tokens"] == "default; value=512"
+        previous = follow.parse().id
+    assert client.responses.retrieve(previous).id == previous
+    other = openai.OpenAI(base_url=url + "/v1", api_key="tg-demo-premium-change-me", max_retries=0)
+    for call in (lambda: other.responses.retrieve(previous),
+                 lambda: other.responses.create(model="sim-llama-8b", input="x", previous_response_id=previous),
+                 lambda: client.responses.create(model="sim-llama-8b", input="x", previous_response_id="resp_x")):
+        try:
+            call()
+            raise AssertionError("another tenant's, or an unknown, response was found")
+        except openai.NotFoundError as exc:
+            assert exc.code == "response_not_found"
+    records: list[dict[str, object]] = []
+
+    def recorded() -> bool:
+        records[:] = [r for r in httpx.get(url + "/admin/ledger", timeout=5, headers={
+            "authorization": "Bearer tg-finance-demo-change-me"}).json()["data"] if r["request_id"] == "resp-first"]
+        return bool(records)
+    assert wait_for(recorded, timeout=10)
+    assert records[0]["endpoint"] == "responses" and records[0]["completion_tokens"] == 6
+    assert records[0]["prompt_tokens"] == final.usage.input_tokens and not records[0]["estimated"]
 
 
 def _ready(url: str) -> bool:

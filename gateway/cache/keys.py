@@ -107,6 +107,8 @@ def cache_key(endpoint: str, body: dict[str, Any], tenant: TenantView, tenant_op
         return "tenant_opt_out"
     if endpoint == "embeddings":
         return _embedding_key(body, tenant)
+    if endpoint not in ("chat", "completions"):
+        return "endpoint"  # a Responses API answer may hold state on its worker: not cached
     if body.get("n", 1) != 1:
         return "n_gt_1"
     if body.get("logprobs") or body.get("echo"):

@@ -23,7 +23,7 @@ from gateway.batches.runner import BatchRunner
 from gateway.batches.store import open_batch_store
 from gateway.context import RequestContext
 from gateway.errors import ClientGone, GatewayError, InvalidRequest, NotFound
-from gateway.http import admin, batch_api, errors, reports, reports_page
+from gateway.http import admin, batch_api, errors, reports, reports_page, stored_responses
 from gateway.http.asgi import AsgiSink, Receive, Scope, Send, read_body, request_headers, until_disconnect
 from gateway.http.guards import gateway_of, require_metrics_reader, tenant_of
 from gateway.http.responses import json_response
@@ -145,6 +145,7 @@ def create_app(store: PolicyStore, data_dir: Path | None = None, share: Share = 
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
+            *stored_responses.ROUTES,
             *admin.ROUTES,
             *reports.ROUTES,
             *reports_page.ROUTES,

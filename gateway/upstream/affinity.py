@@ -92,6 +92,11 @@ def _rendered(body: dict[str, Any]) -> bytes:
                 content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
             parts.append(f"{message.get('role')}\n{content if isinstance(content, str) else ''}\x00")
         return "".join(parts).encode()
+    if "input" in body:  # the Responses API: instructions, then the input as text or items
+        value = body.get("input")
+        items = [{"role": "user", "content": value}] if isinstance(value, str) else value
+        head = f"system\n{body.get('instructions')}\x00" if body.get("instructions") else ""
+        return (head + _rendered({"messages": items}).decode()).encode()
     prompt = body.get("prompt")
     if isinstance(prompt, list):
         prompt = prompt[0] if prompt else ""

@@ -42,10 +42,13 @@ def connect_trace() -> aiohttp.TraceConfig:
 
 @contextlib.asynccontextmanager
 async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: bytes,
-                   affinity: Affinity | None = None) -> AsyncIterator[tuple[Worker, aiohttp.ClientResponse]]:
+                   affinity: Affinity | None = None, pinned: str | None = None,
+                   ) -> AsyncIterator[tuple[Worker, aiohttp.ClientResponse]]:
     """``async with dispatch(...) as (worker, response):`` the response head of a worker that took the request.
     The first try goes where the request's ``affinity`` says its prompt's prefix is cached (if the pool has a
     choice), a retry to the least loaded of the others.
+
+    ``pinned``: the one worker that may take it (it holds the state the request continues); no retry elsewhere.
 
     Raises Unavailable when no worker is available, UpstreamFailed when every try failed."""
     assert pool.session is not None
@@ -56,7 +59,15 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: 
         headers["traceparent"] = ctx.trace.traceparent()
     ctx.timings.dispatch_at = time.perf_counter() - ctx.timings.start
     for attempt in range(2):
-        if attempt == 0 and pool.spec.routing == "round_robin":
+        if pinned is not None:
+            now = time.monotonic()
+            worker = next((w for w in pool.workers if w.url == pinned and w.available(now)), None) \
+                if attempt == 0 else None
+            if worker is None and attempt == 0:
+                raise Unavailable("The worker holding the previous response is not available now; retry later, "
+                                  "or start a new conversation without previous_response_id.",
+                                  "previous_response_unavailable")
+        elif attempt == 0 and pool.spec.routing == "round_robin":
             worker, ctx.route = in_turn(pool.workers), "round_robin"
         elif attempt == 0 and affinity is not None and pool.spec.routing == "prefix" and len(pool.workers) > 1:
             now = time.monotonic()

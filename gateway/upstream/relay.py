@@ -47,6 +47,7 @@ class Relayed:
     first_at: float | None = None
     last_at: float | None = None
     captured: bytes | None = None
+    head: bytes = b""  # the start of a stream's first read (where a Responses stream names its response)
 
     @property
     def usage(self) -> dict[str, Any] | None:
@@ -65,7 +66,8 @@ class Relayed:
 
     @property
     def tpot(self) -> float | None:
-        n = (self.usage or {}).get("completion_tokens") or 0
+        usage = self.usage or {}
+        n = usage.get("completion_tokens") or usage.get("output_tokens") or 0
         if self.first_at is None or self.last_at is None or n < 2:
             return None
         return (self.last_at - self.first_at) / (n - 1)
@@ -75,6 +77,26 @@ class Relayed:
 _USAGE_VALUE = rb'(\{(?:[^{}]|\{[^{}]*\})*\}|null)'
 _USAGE = re.compile(rb',"usage":' + _USAGE_VALUE + rb'|"usage":' + _USAGE_VALUE + rb',?')
 _LAST_MEMBER = b',"usage":'
+
+
+class _ResponsesTap:
+    """A Responses API stream's events pass unchanged (the usage is part of the response object the client
+    reads); the tap counts the text deltas (a cut stream's estimate) and reads the usage off the final event."""
+
+    __slots__ = ("relayed",)
+
+    def __init__(self, relayed: Relayed) -> None:
+        self.relayed = relayed
+
+    def __call__(self, events: bytes) -> bytes:
+        relayed = self.relayed
+        relayed.events += events.count(b'"type":"response.output_text.delta"')
+        if b'"usage":{' in events:
+            for value in _USAGE.findall(events):
+                usage = value[0] or value[1]
+                if usage != b"null":
+                    relayed.usage_raw = usage
+        return events
 
 
 class _UsageTap:
@@ -143,11 +165,13 @@ async def relay_stream(ctx: RequestContext, worker: Worker, response: aiohttp.Cl
     the engine's TTFT and the requests on the worker when the first byte comes. A worker that fails
     mid-stream: what it sent is flushed, the stream left open, and UpstreamFailed raised (the sink ends the
     stream with an SSE error event and [DONE])."""
-    splitter, tap = sse.EventSplitter(), _UsageTap(relayed, *usage)
+    splitter = sse.EventSplitter()
+    tap = _ResponsesTap(relayed) if ctx.endpoint == "responses" else _UsageTap(relayed, *usage)
     content = response.content
     captured: list[bytes] | None = [] if capture else None
     with worker_errors(worker, "head", cooldown_s):
         chunk = await content.readany()
+    relayed.head = chunk[:512]
     ctx.timings.first_byte()
     if first_token is not None:  # the engine's TTFT, without the gateway's queue wait: a capacity signal
         first_token(worker.inflight, ctx.timings.ttft - (ctx.timings.queue_wait or 0.0))  # type: ignore[operator]

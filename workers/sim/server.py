@@ -30,6 +30,7 @@ from starlette.routing import Route
 from workers.sim import tokenizer
 from workers.sim.engine import Engine, EngineConfig, Sequence, block_hashes
 from workers.sim.metrics import SimMetrics
+from workers.sim.responses import BadInput, ResponseGeneration, Responses, chat_body
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -91,6 +92,7 @@ class SimServer:
         self.model = model
         self.runner = runner
         self.traceparents: collections.deque[str] = collections.deque(maxlen=256)  # as received, for tests
+        self.responses = Responses(self)
         self.config = config
         self.faults = faults or Faults()
         self.metrics = SimMetrics(model)
@@ -101,6 +103,8 @@ class SimServer:
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
                 Route("/v1/embeddings", self.embeddings, methods=["POST"]),
+                Route("/v1/responses", self.create_response, methods=["POST"]),
+                Route("/v1/responses/{response_id}", self.responses.retrieve, methods=["GET"]),
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/health", self.health, methods=["GET"]),
                 Route("/metrics", self.metrics_endpoint, methods=["GET"]),
@@ -217,6 +221,22 @@ class SimServer:
             self.metrics.injected_errors.labels(str(status)).inc()
             return error_response(f"Injected failure ({status}).", status)
         return None
+
+    async def create_response(self, request: Request) -> Response | ResponseGeneration:
+        """POST /v1/responses: the conversation (a previous response's, if named) run as a chat on the engine."""
+        if self.runner == "pooling":
+            return error_response("The model does not support Responses API", 404)
+        refusal = self._refusal(request)
+        if refusal is not None:
+            return refusal
+        try:
+            body = await _json_body(request)
+            conversation = self.responses.messages(body)
+            seq = self._sequence(chat_body(body, conversation), chat=True)
+        except (BadRequest, BadInput) as exc:
+            return error_response(str(exc), exc.status, exc.param)
+        self.engine.submit(seq)
+        return ResponseGeneration(self, self.responses, seq, body, conversation)
 
     async def chat_completions(self, request: Request) -> Response | Generation:
         return await self._generate(request, chat=True)
