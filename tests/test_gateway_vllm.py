@@ -14,7 +14,16 @@ import openai
 import pytest
 
 from gateway.ops import diagnose
-from tests.conftest import ADMIN_TOKEN, DEMO_KEY, PREMIUM_KEY, Proc, metric_value, policy_dict, wait_for
+from tests.conftest import (
+    ADMIN_TOKEN,
+    DEMO_KEY,
+    FINANCE_TOKEN,
+    PREMIUM_KEY,
+    Proc,
+    metric_value,
+    policy_dict,
+    wait_for,
+)
 
 pytestmark = pytest.mark.vllm
 MODEL = "tiny-llama"
@@ -79,6 +88,29 @@ def test_client_disconnect_stops_vllm(gateway: Proc, vllm_server: Any) -> None:
     seen = [line for line in gateway.log.read_text(errors="replace").splitlines() if "leaves-" in line]
     aborts = [line for line in vllm_server.log_path.read_text(errors="replace").splitlines() if "bort" in line]
     assert attempts[-1] < 1000, f"vLLM went on generating after the client left: {attempts}; {seen}; {aborts[-6:]}"
+
+
+def test_the_responses_api_through_the_gateway(gateway: Proc) -> None:
+    """vLLM's own Responses API (its store on): a streamed answer counted exactly in the ledger, a follow-up
+    continuing it by previous_response_id, and the stored answer read back by id."""
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=DEMO_KEY, max_retries=0)
+    events = list(client.responses.create(model=MODEL, input="hello there", max_output_tokens=12, stream=True,
+                                          extra_body={"ignore_eos": True}, extra_headers={"x-request-id": "rv-1"}))
+    final = events[-1].response  # type: ignore[union-attr]
+    assert events[0].type == "response.created" and final.usage is not None and final.usage.output_tokens == 12
+    follow = client.responses.create(model=MODEL, input="and more", previous_response_id=final.id,
+                                     max_output_tokens=3, extra_body={"ignore_eos": True})
+    assert follow.usage is not None and follow.usage.input_tokens > final.usage.input_tokens, "it continued"
+    assert client.responses.retrieve(follow.id).id == follow.id
+    records: list[dict[str, Any]] = []
+
+    def recorded() -> bool:
+        records[:] = [r for r in httpx.get(gateway.url + "/admin/ledger", timeout=5, headers={
+            "authorization": f"Bearer {FINANCE_TOKEN}"}).json()["data"] if r["request_id"] == "rv-1"]
+        return bool(records)
+    assert wait_for(recorded, timeout=10)
+    assert (records[0]["prompt_tokens"], records[0]["completion_tokens"], records[0]["estimated"]) == (
+        final.usage.input_tokens, 12, False)
 
 
 def test_unbuffered_first_token(gateway: Proc) -> None:

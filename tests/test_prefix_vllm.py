@@ -95,5 +95,6 @@ def test_prefix_routing_keeps_each_prompt_where_it_is_cached(engines: list[Any],
     in_turn = start_gateway(policy_dict(urls, model=MODEL, routing="round_robin"))
     round_robin = _hit_rate(engines, _send(in_turn, _workload(1)))
     prefix = _hit_rate(engines, _send(by_prefix, _workload(2)))
+    print(f"vLLM prefix-cache hit rate: prefix routing {prefix:.2f}, round robin {round_robin:.2f}")
     assert prefix >= 1.5 * round_robin, (prefix, round_robin)
     assert prefix >= 0.7, prefix

