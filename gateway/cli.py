@@ -217,11 +217,15 @@ def cmd_costs(args: argparse.Namespace) -> None:
 
     report = response.json()
     keys = ["key_id" if g == "key" else g for g in report["group_by"]]
-    table = Table(title=f"Costs {(report['from'] or 'the start')[:10]} .. {(report['to'] or 'now')[:10]}")
-    columns = [*keys, "requests", "prompt_tokens", "completion_tokens", "cache_hits", "cost_usd",
-               "cost_per_1k_requests_usd"]
+    table = Table(title=f"Costs {(report['from'] or 'the start')[:10]} .. {(report['to'] or 'now')[:10]}",
+                  padding=(0, 1), collapse_padding=True)
+    # short headers that wrap, and cells that fold rather than end in "...": every column stays readable in an
+    # 80-column terminal (rich otherwise cut them to a letter or two)
+    headers = {"requests": "requests", "prompt_tokens": "prompt\ntokens", "completion_tokens": "output\ntokens",
+               "cache_hits": "cache\nhits", "cost_usd": "cost\nUSD", "cost_per_1k_requests_usd": "USD per\n1k req"}
+    columns = [*keys, *headers]
     for name in columns:
-        table.add_column(name, justify="left" if name in keys else "right")
+        table.add_column(headers.get(name, name), justify="left" if name in keys else "right", overflow="fold")
     for row in [*report["data"], {**report["total"], **dict.fromkeys(keys[:1], "TOTAL")}]:
         table.add_row(*(f"{row.get(c, ''):.6f}" if c.endswith("usd") else str(row.get(c, "")) for c in columns))
     Console().print(table)

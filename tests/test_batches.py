@@ -145,7 +145,7 @@ def test_files_and_batches_are_private_and_bounded(start_gateway: Callable[..., 
     with pytest.raises(openai.BadRequestError):
         owner.files.create(file=("x.jsonl", io.BytesIO(b"{}\n")), purpose="fine-tune")
     bad = httpx.post(gateway.url + "/v1/batches", headers={"Authorization": f"Bearer {DEMO_KEY}"},
-                     json={"input_file_id": file_id, "endpoint": "/v1/embeddings", "completion_window": "24h"})
+                     json={"input_file_id": file_id, "endpoint": "/v1/moderations", "completion_window": "24h"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "endpoint"
     assert httpx.get(gateway.url + "/v1/files").status_code == 401
 

@@ -47,6 +47,20 @@ def test_finance_page_shows_what_the_api_reports(start_gateway: Callable[..., Pr
     total = report()["total"]
     assert isinstance(total, dict)
 
+    # `tollgate costs` in an 80-column terminal: every column there, none cut to an ellipsis
+    import subprocess
+    import sys
+
+    printed = subprocess.run([sys.executable, "-m", "gateway", "costs", "--url", gateway.url, "--token", FINANCE_TOKEN,
+                              "--group-by", "tenant,model"], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "COLUMNS": "80", "TERM": "xterm"})
+    assert printed.returncode == 0, printed.stderr
+    lines = printed.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80 and "…" not in printed.stdout, printed.stdout
+    for word in ("tenant", "model", "requests", "prompt", "output", "cache", "cost", "TOTAL", "capped", MODEL):
+        assert word in printed.stdout, (word, printed.stdout)
+    assert f"{total['cost_usd']:.6f}" in printed.stdout.replace(" ", ""), printed.stdout
+
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1000, "height": 1200})
@@ -75,6 +89,46 @@ def test_finance_page_shows_what_the_api_reports(start_gateway: Callable[..., Pr
         assert download.status == 200
         rows = list(csv.DictReader(io.StringIO(download.text())))
         assert sum(float(r["cost_usd"]) for r in rows) == pytest.approx(total["cost_usd"], abs=1e-6)
+        # the tenant table: each tenant's spend as the API reports it, its CSV the same
+        by_tenant = {r["tenant"]: r for r in httpx.get(gateway.url + "/admin/reports/costs", headers=finance,
+                                                         params={"group_by": "tenant"}).json()["data"]}
+        rows = page.locator("[data-testid=tenant-row]")
+        assert rows.count() == 3
+        for i in range(3):
+            cells = rows.nth(i).locator("td").all_inner_texts()
+            assert float(cells[5]) == pytest.approx(by_tenant[cells[0]]["cost_usd"], abs=1e-6)
+            assert int(cells[1]) == by_tenant[cells[0]]["requests"] and cells[8] == "new"
+        capped_row = page.locator("[data-testid=tenant-row]", has_text="capped").locator("td").all_inner_texts()
+        assert capped_row[6] == "0.01 / month" and capped_row[7].endswith("%")
+        tenant_csv = page.request.get(gateway.url + page.get_attribute("[data-testid=tenant-csv]", "href"))
+        assert {r["tenant"] for r in csv.DictReader(io.StringIO(tenant_csv.text()))} == set(by_tenant)
         page.screenshot(path=str(screenshot_to(tmp_path)), full_page=True)
+        # a calendar month: this one holds every request; the one before holds none
+        this_month = page.locator("[data-testid=month] option").first.get_attribute("value")
+        page.select_option("[data-testid=month]", this_month)
+        page.click("[data-testid=show-month]")
+        page.wait_for_selector("[data-testid=range]")
+        assert f"Calendar month {this_month}" in shown("range") and int(shown("total-requests")) == 13
+        earlier = page.locator("[data-testid=month] option").nth(1).get_attribute("value")
+        page.select_option("[data-testid=month]", earlier)
+        page.click("[data-testid=show-month]")
+        page.wait_for_selector("[data-testid=range]")
+        assert f"Calendar month {earlier}" in shown("range") and int(shown("total-requests")) == 0
+        assert "No requests in this range." in shown("tenant-table")
+        # a tenant's drill-down, by model, key and day, as the API reports it for that tenant
+        page.goto(gateway.url + "/reports?days=7")
+        page.click("[data-testid=tenant-row] a:text-is('demo')")
+        page.wait_for_selector("[data-testid=drill-title]")
+        assert shown("drill-title") == "Tenant demo" and int(shown("total-requests")) == 6
+        api = httpx.get(gateway.url + "/admin/reports/costs", headers=finance,
+                        params={"group_by": "key", "tenant": "demo"}).json()["data"]
+        key_cells = page.locator("[data-testid=drill-key]").locator("td").all_inner_texts()
+        assert len(api) == 1 and key_cells[0] == api[0]["key_id"]
+        assert float(key_cells[4]) == pytest.approx(api[0]["cost_usd"], abs=1e-6)
+        assert page.locator("[data-testid=drill-model]").count() == 1
+        assert page.locator("[data-testid=drill-day]").count() == 1
+        day_csv = page.request.get(gateway.url + page.get_attribute("[data-testid=drill-day-csv]", "href"))
+        assert sum(float(r["cost_usd"]) for r in csv.DictReader(io.StringIO(day_csv.text()))) == pytest.approx(
+            by_tenant["demo"]["cost_usd"], abs=1e-6)
         assert screenshot_to(tmp_path).stat().st_size > 10_000
         browser.close()

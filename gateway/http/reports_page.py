@@ -1,5 +1,7 @@
-"""The finance page (GET /reports): spend by day and tenant, top models, tokens per request p95, cost per 1,000
-requests, cache savings, budget burn-down and recent anomalies, with CSV downloads.
+"""The finance page (GET /reports): for the last N days or a calendar month (``?days=`` | ``?month=YYYY-MM``), a
+table of what each tenant used and spent (against its budget, and against the period before), spend by day and
+tenant, top models, tokens per request p95, cost per 1,000 requests, cache savings, budget burn-down and recent
+anomalies; ``?tenant=`` drills into one tenant by model, key and day. Each table has its CSV.
 
 Server-rendered HTML with SVG charts drawn here: no JavaScript, nothing fetched from a CDN, nothing to build.
 Sign-in takes the finance or admin token once and keeps it in an HttpOnly, SameSite=Strict cookie, which the
@@ -12,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from html import escape
 from typing import Any
@@ -42,6 +46,8 @@ table{border-collapse:collapse;background:#fff}td,th{border:1px solid #dde1e8;pa
 th{background:#eef1f5}td:first-child,th:first-child{text-align:left}
 .legend span{display:inline-block;margin-right:12px}.legend i{display:inline-block;width:10px;height:10px;
 margin-right:4px}form.login{background:#fff;border:1px solid #dde1e8;padding:16px;max-width:360px}
+form.range{display:inline-block;margin:8px 16px 8px 0}a.csv{font-size:12px;font-weight:normal;margin-left:8px}
+h3{font-size:14px;margin:16px 0 6px}
 """
 
 
@@ -52,10 +58,12 @@ async def page(request: Request) -> Response:
     if gw.ledger is None:
         return HTMLResponse(_html("Tollgate costs", "<p>The ledger is not enabled: start the gateway with a "
                                   "data directory.</p>"), 409)
-    days = request.query_params.get("days", "30")
-    days_n = int(days) if days.isdigit() and 1 <= int(days) <= 366 else 30
-    data = await asyncio.to_thread(_gather, gw.ledger.store, gw, days_n)
-    return HTMLResponse(_dashboard(data, days_n, [public(a) for a in gw.alerts.recent[-20:][::-1]]))
+    shown = Range.of(request.query_params, time.time())
+    tenant = request.query_params.get("tenant")
+    if tenant is not None and tenant not in gw.store.current.tenants:
+        tenant = None  # only a tenant the policy names: the name lands in links and headings
+    data = await asyncio.to_thread(_gather, gw.ledger.store, gw, shown, tenant)
+    return HTMLResponse(_dashboard(data, shown, [public(a) for a in gw.alerts.recent[-20:][::-1]]))
 
 
 async def login(request: Request) -> Response:
@@ -96,28 +104,139 @@ ROUTES = [Route("/reports", page, methods=["GET"]), Route("/reports/login", logi
           Route("/reports/logout", logout, methods=["POST"])]
 
 
-def _gather(store: LedgerStore, gw: Gateway, days: int) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Range:
+    """The period a page shows, [start, end) in UTC days, and the one of the same length just before it."""
+
+    start: datetime
+    end: datetime
+    before: datetime
+    month: str | None = None  # "2026-11" when a calendar month is shown
+    days: int = 30
+
+    @classmethod
+    def of(cls, query: Mapping[str, str], now: float) -> Range:
+        today = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        month = query.get("month", "")
+        if len(month) == 7 and month[:4].isdigit() and month[4] == "-" and month[5:].isdigit() and \
+                1 <= int(month[5:]) <= 12 and int(month[:4]) >= 1970:
+            start = datetime(int(month[:4]), int(month[5:]), 1, tzinfo=UTC)
+            end = _next_month(start)
+            before = _next_month(start, -1)
+            return cls(start, end, before, month, (end - start).days)
+        days = query.get("days", "30")
+        n = int(days) if days.isdigit() and 1 <= int(days) <= 366 else 30
+        end = today + timedelta(days=1)
+        return cls(end - timedelta(days=n), end, end - timedelta(days=2 * n), None, n)
+
+    @property
+    def query(self) -> str:
+        """The page's own query for this range (kept by its links)."""
+        return f"month={self.month}" if self.month else f"days={self.days}"
+
+    @property
+    def csv(self) -> str:
+        """The report API's range for this period (its ``to`` is an inclusive day)."""
+        return f"from={self.start.date()}&to={(self.end - timedelta(days=1)).date()}"
+
+    def describe(self) -> str:
+        last = (self.end - timedelta(days=1)).date()
+        if self.month:
+            return (f"Calendar month {self.month}: {self.start.date()} to {last} (UTC), against "
+                    f"{self.before.strftime('%Y-%m')}")
+        return f"Last {self.days} days: {self.start.date()} to {last} (UTC), against the {self.days} days before"
+
+
+def _next_month(day: datetime, step: int = 1) -> datetime:
+    index = day.year * 12 + day.month - 1 + step
+    return day.replace(year=index // 12, month=index % 12 + 1, day=1)
+
+
+def _gather(store: LedgerStore, gw: Gateway, shown: Range, tenant: str | None) -> dict[str, Any]:
     """Every figure on the page, from the store (on a thread)."""
     now = time.time()
-    today = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    start, end = sortable(today - timedelta(days=days - 1)), sortable(today + timedelta(days=1))
-    by_day_tenant = store.totals(start, end, ["day", "tenant"], None)
-    by_model = sorted((with_rates(r) for r in store.totals(start, end, ["model"], None)),
+    start, end = sortable(shown.start), sortable(shown.end)
+    by_day_tenant = store.totals(start, end, ["day", "tenant"], tenant)  # a drill-down's cards are its own
+    by_tenant = [with_rates(r) for r in store.totals(start, end, ["tenant"], None)]
+    before = {r["tenant"]: r["cost_usd"] or 0.0 for r in store.totals(sortable(shown.before), start, ["tenant"], None)}
+    drill = {group: [with_rates(r) for r in store.totals(start, end, [group], tenant)]
+             for group in ("model", "key", "day")} if tenant else {}
+    by_model = sorted((with_rates(r) for r in store.totals(start, end, ["model"], tenant)),
                       key=lambda r: -r["cost_usd"])
     total = with_rates(sum_rows(by_day_tenant))
     budgets = []
-    for name, tenant in gw.store.current.tenants.items():
-        if tenant.budget is None:
+    for name, view in gw.store.current.tenants.items():
+        if view.budget is None:
             continue
-        rows = store.totals(period_start(tenant.budget.period, now), OPEN_END, [], name)
+        rows = store.totals(period_start(view.budget.period, now), OPEN_END, [], name)
         spent = rows[0]["cost_usd"] if rows else 0.0
-        budgets.append({"tenant": name, "period": tenant.budget.period, "limit_usd": tenant.budget.limit_usd,
-                        "spent_usd": spent})
+        budgets.append({"tenant": name, "period": view.budget.period, "limit_usd": view.budget.limit_usd,
+                        "spent_usd": spent or 0.0})
     return {"from": start, "to": end, "by_day_tenant": by_day_tenant, "by_model": by_model, "total": total,
-            "tokens_p95": store.tokens_percentile(start, end, 95), "budgets": budgets}
+            "tokens_p95": store.tokens_percentile(start, end, 95), "budgets": budgets, "by_tenant": by_tenant,
+            "before": before, "drill": drill, "tenant": tenant}
 
 
-def _dashboard(data: dict[str, Any], days: int, alerts: list[dict[str, Any]]) -> str:
+def _controls(shown: Range, tenant: str | None) -> str:
+    """The range picker: the last N days, or one of the last 13 calendar months (a plain GET form)."""
+    this_month = datetime.now(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    months = [_next_month(this_month, -i).strftime("%Y-%m") for i in range(13)]
+    options = "".join(f'<option value="{m}"{" selected" if m == shown.month else ""}>{m}</option>' for m in months)
+    keep = f'<input type="hidden" name="tenant" value="{escape(tenant)}">' if tenant else ""
+    return (f'<form method="get" action="/reports" class="range">{keep}<label>Last <input type="number" '
+            f'name="days" min="1" max="366" value="{shown.days if not shown.month else ""}" style="width:5em"> '
+            f'days</label> <button type="submit" data-testid="show-days">Show</button></form>'
+            f'<form method="get" action="/reports" class="range">{keep}<label>Month <select name="month" '
+            f'data-testid="month">{options}</select></label> <button type="submit" data-testid="show-month">Show'
+            f'</button></form>')
+
+
+def _change(now: float, before: float | None) -> str:
+    if not before:
+        return "new" if now else "-"
+    return f"{(now - before) / before * 100:+.1f}%"
+
+
+def _tenant_table(data: dict[str, Any], shown: Range) -> str:
+    budgets = {b["tenant"]: b for b in data["budgets"]}
+    rows = []
+    for r in sorted(data["by_tenant"], key=lambda r: -r["cost_usd"]):
+        name = str(r["tenant"])
+        budget = budgets.get(name)
+        limit = f'{budget["limit_usd"]:g} / {budget["period"]}' if budget else "-"
+        share = f'{budget["spent_usd"] / budget["limit_usd"] * 100:.1f}%' if budget and budget["limit_usd"] else "-"
+        link = f'/reports?{shown.query}&tenant={urllib.parse.quote(name)}'
+        rows.append(f'<tr data-testid="tenant-row"><td><a href="{escape(link)}">{escape(name)}</a></td>'
+                    f'<td>{r["requests"]}</td><td>{r["prompt_tokens"] or 0}</td><td>{r["completion_tokens"] or 0}</td>'
+                    f'<td>{r["cached_tokens"] or 0}</td><td data-testid="tenant-cost">{r["cost_usd"]:.6f}</td>'
+                    f'<td>{limit}</td><td>{share}</td>'
+                    f'<td>{_change(r["cost_usd"], data["before"].get(r["tenant"]))}</td></tr>')
+    csv = f"/admin/reports/costs?format=csv&group_by=tenant&{shown.csv}"
+    return (f'<h2>Spend by tenant <a class="csv" href="{csv}" data-testid="tenant-csv">CSV</a></h2>'
+            '<table data-testid="tenant-table"><tr><th>Tenant</th><th>Requests</th><th>Input tokens</th>'
+            '<th>Output tokens</th><th>Cached tokens</th><th>Spend (USD)</th><th>Budget (USD)</th>'
+            '<th>Budget used (its period)</th><th>Change vs the period before</th></tr>'
+            + ("".join(rows) or '<tr><td colspan="9">No requests in this range.</td></tr>') + "</table>")
+
+
+def _drill_down(data: dict[str, Any], shown: Range) -> str:
+    tenant = data["tenant"]
+    parts = [f'<h2 data-testid="drill-title">Tenant {escape(tenant)}</h2>'
+             f'<p><a href="/reports?{shown.query}">All tenants</a></p>']
+    for group, title, key in (("model", "By model", "model"), ("key", "By key", "key_id"), ("day", "By day", "day")):
+        csv = (f"/admin/reports/costs?format=csv&group_by={group}&tenant={urllib.parse.quote(tenant)}"
+               f"&{shown.csv}")
+        rows = "".join(f'<tr data-testid="drill-{group}"><td>{escape(str(r[key]))}</td><td>{r["requests"]}</td>'
+                       f'<td>{r["prompt_tokens"] or 0}</td><td>{r["completion_tokens"] or 0}</td>'
+                       f'<td>{r["cost_usd"]:.6f}</td></tr>' for r in data["drill"][group])
+        parts.append(f'<h3>{title} <a class="csv" href="{escape(csv)}" data-testid="drill-{group}-csv">CSV</a></h3>'
+                     f'<table><tr><th>{group.capitalize()}</th><th>Requests</th><th>Input tokens</th>'
+                     f'<th>Output tokens</th><th>Spend (USD)</th></tr>'
+                     f'{rows or "<tr><td colspan=5>None.</td></tr>"}</table>')
+    return "".join(parts)
+
+
+def _dashboard(data: dict[str, Any], shown: Range, alerts: list[dict[str, Any]]) -> str:
     total = data["total"]
     p95 = data["tokens_p95"]
     cards = "".join(f'<div class="card"><span class="muted">{label}</span><b data-testid="{tid}">{value}</b></div>'
@@ -141,13 +260,16 @@ def _dashboard(data: dict[str, Any], days: int, alerts: list[dict[str, Any]]) ->
         f'<td>{escape(str(a.get("action")))}</td><td>{escape(str(a.get("tenant", "")))}</td>'
         f'<td>{escape(str(a.get("worst_case_usd", a.get("hour_usd", a.get("spent_usd", "")))))}</td></tr>'
         for a in alerts)
+    detail = _drill_down(data, shown) if data["tenant"] else _tenant_table(data, shown)
     body = f"""
 <h1>Tollgate costs</h1>
-<p class="muted">Last {days} days, {data['from'][:10]} to {data['to'][:10]} (UTC, end exclusive).
-<a href="/admin/reports/costs?format=csv&group_by=day,tenant,model&from={data['from'][:10]}">Download CSV by day,
-tenant and model</a> · <a href="/admin/ledger?format=csv&from={data['from'][:10]}">Download every record (CSV)</a></p>
+<p class="muted" data-testid="range">{escape(shown.describe())}.
+<a href="/admin/reports/costs?format=csv&group_by=day,tenant,model&{shown.csv}">Download CSV by day,
+tenant and model</a> · <a href="/admin/ledger?format=csv&{shown.csv}">Download every record (CSV)</a></p>
+{_controls(shown, data["tenant"])}
 <form method="post" action="/reports/logout"><button>Sign out</button></form>
 <div class="cards">{cards}</div>
+{detail}
 <h2>Daily spend by tenant (USD)</h2>{_daily_chart(data['by_day_tenant'])}
 <h2>Top models</h2>
 <table><tr><th>Model</th><th>Requests</th><th>Prompt tokens</th><th>Completion tokens</th><th>Cost (USD)</th>
