@@ -141,9 +141,20 @@ async def _read_load(worker: Worker, session: aiohttp.ClientSession,
     return load
 
 
+# While a pool is idle (nothing in flight from here, and its engines ran and queued nothing at the last reading,
+# so no other replica is using them either) it is read this often at most. Below the default stale_after_s
+# (2 s), so the last reading is still fresh when work comes. Measured: reading two idle workers twice a second
+# was 0.7% of a core, more than the rest of an idle gateway (0.55%).
+IDLE_SCRAPE_S = 1.5
+
+
+def idle(workers: list[Worker]) -> bool:
+    return all(w.inflight == 0 and w.observed.running == 0 and w.observed.waiting == 0 for w in workers)
+
+
 async def scrape_forever(workers: list[Worker], session: aiohttp.ClientSession, request_timeout: aiohttp.ClientTimeout,
                          interval: float, unhealthy_after: int, after_round: Callable[[], None]) -> None:
     while True:
         await asyncio.gather(*(scrape(w, session, request_timeout, unhealthy_after) for w in workers))
         after_round()
-        await asyncio.sleep(interval)
+        await asyncio.sleep(max(interval, IDLE_SCRAPE_S) if idle(workers) else interval)
