@@ -31,7 +31,8 @@ def test_up_serves_the_demo_key_and_stops_its_workers(tmp_path: Path) -> None:
     gateway_port = free_port()
     with open(tmp_path / "up.log", "wb") as log:
         up = subprocess.Popen([sys.executable, "-m", "gateway", "up", "--policy", str(path), "--port",
-                               str(gateway_port), "--data-dir", str(tmp_path / "data")], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                               str(gateway_port), "--data-dir", str(tmp_path / "data")], cwd=ROOT, stdout=log,
+                              stderr=subprocess.STDOUT,
                               start_new_session=True)
     url = f"http://127.0.0.1:{gateway_port}"
     try:
