@@ -168,6 +168,20 @@ def metric_value(url: str, name: str, **labels: str) -> float:
     return total
 
 
+def ledger_records(url: str, token: str, count: int = 1, timeout: float = 10.0,
+                   **match: object) -> list[dict[str, Any]]:
+    """The ledger records (GET /admin/ledger) whose fields equal ``match``, once there are ``count`` of them (the
+    ledger is written off the request path, a moment after the answer); fails the test if they do not come."""
+    found: list[dict[str, Any]] = []
+
+    def recorded() -> bool:
+        rows = httpx.get(url + "/admin/ledger", timeout=5, headers={"authorization": f"Bearer {token}"}).json()
+        found[:] = [r for r in rows["data"] if all(r.get(k) == v for k, v in match.items())]
+        return len(found) >= count
+    assert wait_for(recorded, timeout=timeout), (match, found)
+    return found
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

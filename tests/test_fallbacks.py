@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gateway.policy.loader import PolicyError, PolicySnapshot, parse_policy
-from tests.conftest import DEMO_KEY, FINANCE_TOKEN, policy_dict, wait_for
+from tests.conftest import DEMO_KEY, FINANCE_TOKEN, ledger_records, policy_dict, wait_for
 from workers.process import free_port
 
 MODEL = "sim-llama-8b"
@@ -49,14 +49,7 @@ def test_a_model_whose_pool_is_down_is_answered_by_its_fallback(start_sim: Calla
         extra_headers={"x-request-id": "fell-back"}, extra_body={"ignore_eos": True})
     assert raw.headers["x-tollgate-model"] == "backup-llama", "the answer names the model that ran"
     assert raw.parse().usage.completion_tokens == 4  # type: ignore[union-attr]
-    records: list[dict[str, Any]] = []
-
-    def recorded() -> bool:
-        records[:] = [r for r in httpx.get(gw.url + "/admin/ledger", timeout=5, headers={
-            "authorization": f"Bearer {FINANCE_TOKEN}"}).json()["data"] if r["request_id"] == "fell-back"]
-        return bool(records)
-    assert wait_for(recorded, timeout=10)
-    record = records[0]
+    record = ledger_records(gw.url, FINANCE_TOKEN, request_id="fell-back")[0]
     assert record["model"] == "backup-llama" and record["price_version"].startswith("backup-llama")
     expected = (record["prompt_tokens"] * 2.0 + record["completion_tokens"] * 6.0) / 1e6
     assert record["cost_usd"] == pytest.approx(expected), "priced as the fallback"

@@ -20,6 +20,7 @@ from tests.conftest import (
     FINANCE_TOKEN,
     PREMIUM_KEY,
     Proc,
+    ledger_records,
     metric_value,
     policy_dict,
     wait_for,
@@ -102,13 +103,7 @@ def test_the_responses_api_through_the_gateway(gateway: Proc) -> None:
                                      max_output_tokens=3, extra_body={"ignore_eos": True})
     assert follow.usage is not None and follow.usage.input_tokens > final.usage.input_tokens, "it continued"
     assert client.responses.retrieve(follow.id).id == follow.id
-    records: list[dict[str, Any]] = []
-
-    def recorded() -> bool:
-        records[:] = [r for r in httpx.get(gateway.url + "/admin/ledger", timeout=5, headers={
-            "authorization": f"Bearer {FINANCE_TOKEN}"}).json()["data"] if r["request_id"] == "rv-1"]
-        return bool(records)
-    assert wait_for(recorded, timeout=10)
+    records = ledger_records(gateway.url, FINANCE_TOKEN, request_id="rv-1")
     assert (records[0]["prompt_tokens"], records[0]["completion_tokens"], records[0]["estimated"]) == (
         final.usage.input_tokens, 12, False)
 

@@ -12,8 +12,10 @@ import httpx
 import openai
 import yaml
 
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, ledger_records, wait_for
 from workers.process import free_port
+
+FINANCE = "tg-finance-demo-change-me"  # the embedded default's finance token
 
 
 def _pids_of(pattern: str) -> set[int]:
@@ -75,13 +77,8 @@ def _embeddings(client: openai.OpenAI, url: str) -> None:
         raise AssertionError("a chat request to an embedding model was answered")
     except openai.BadRequestError as exc:
         assert exc.code == "model_not_supported"
-    records: list[dict[str, object]] = []
-
-    def recorded() -> bool:
-        records[:] = [r for r in httpx.get(url + "/admin/ledger", timeout=5, headers={
-            "authorization": "Bearer tg-finance-demo-change-me"}).json()["data"] if r["endpoint"] == "embeddings"]
-        return len(records) == 3
-    assert wait_for(recorded, timeout=10), records
+    records = ledger_records(url, FINANCE, count=3, endpoint="embeddings")
+    assert len(records) == 3
     fresh = next(r for r in records if r["request_id"] == "embed-first")
     assert fresh["cache"] == "miss" and sum(r["cache"] == "hit-exact" for r in records) == 1
     assert fresh["prompt_tokens"] == first.usage.prompt_tokens and fresh["completion_tokens"] == 0
@@ -115,13 +112,7 @@ def _responses(client: openai.OpenAI, url: str) -> None:
             raise AssertionError("another tenant's, or an unknown, response was found")
         except openai.NotFoundError as exc:
             assert exc.code == "response_not_found"
-    records: list[dict[str, object]] = []
-
-    def recorded() -> bool:
-        records[:] = [r for r in httpx.get(url + "/admin/ledger", timeout=5, headers={
-            "authorization": "Bearer tg-finance-demo-change-me"}).json()["data"] if r["request_id"] == "resp-first"]
-        return bool(records)
-    assert wait_for(recorded, timeout=10)
+    records = ledger_records(url, FINANCE, request_id="resp-first")
     assert records[0]["endpoint"] == "responses" and records[0]["completion_tokens"] == 6
     assert records[0]["prompt_tokens"] == final.usage.input_tokens and not records[0]["estimated"]
 

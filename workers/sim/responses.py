@@ -4,7 +4,6 @@ whole), retrieve by id, and ``previous_response_id`` continuing a conversation t
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import time
 from typing import TYPE_CHECKING, Any
@@ -106,20 +105,10 @@ class ResponseGeneration:
         self.number = 0
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        from workers.sim.server import _wait_disconnect
+        from workers.sim.server import answer_until_gone
 
-        produce = asyncio.ensure_future(self._stream(send) if self.body.get("stream") else self._answer(send))
-        watch = asyncio.ensure_future(_wait_disconnect(receive))
-        try:
-            await asyncio.wait((produce, watch), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-            if not produce.done():
-                produce.cancel()
-            if self.seq.finish_reason is None:
-                self.server.engine.abort(self.seq)
-        if produce.done() and not produce.cancelled() and produce.exception():
-            raise produce.exception()  # type: ignore[misc]
+        await answer_until_gone(self.server.engine, self.seq, self._stream(send) if self.body.get("stream")
+                                else self._answer(send), receive)
 
     def _final(self) -> dict[str, Any]:
         seq = self.seq

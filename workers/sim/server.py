@@ -17,7 +17,7 @@ import struct
 import time
 import uuid
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -176,9 +176,7 @@ class SimServer:
     async def embeddings(self, request: Request) -> Response:
         """vLLM's /v1/embeddings for a pooling model: one vector per input, the same for the same text (a
         random unit vector seeded by it: similar texts are not near each other), after the input's prefill time."""
-        if self.runner != "pooling":
-            return error_response("The model does not support Embeddings API", 404)
-        refusal = self._refusal(request)
+        refusal = self._refusal(request, "pooling", "Embeddings API")
         if refusal is not None:
             return refusal
         try:
@@ -209,8 +207,11 @@ class SimServer:
                                       "model": self.model, "data": data, "usage": usage}),
                         media_type="application/json")
 
-    def _refusal(self, request: Request) -> Response | None:
-        """A startup 503 or an injected failure, as any generation endpoint answers them."""
+    def _refusal(self, request: Request, runner: str, api: str) -> Response | None:
+        """What an endpoint answers before its work: vLLM's 404 for an API this runner does not serve, a
+        startup 503, or an injected failure."""
+        if self.runner != runner:
+            return error_response(f"The model does not support {api}", 404)
         traceparent = request.headers.get("traceparent")
         if traceparent:
             self.traceparents.append(traceparent)
@@ -224,9 +225,7 @@ class SimServer:
 
     async def create_response(self, request: Request) -> Response | ResponseGeneration:
         """POST /v1/responses: the conversation (a previous response's, if named) run as a chat on the engine."""
-        if self.runner == "pooling":
-            return error_response("The model does not support Responses API", 404)
-        refusal = self._refusal(request)
+        refusal = self._refusal(request, "generate", "Responses API")
         if refusal is not None:
             return refusal
         try:
@@ -245,9 +244,7 @@ class SimServer:
         return await self._generate(request, chat=False)
 
     async def _generate(self, request: Request, chat: bool) -> Response | Generation:
-        if self.runner == "pooling":
-            return error_response(f"The model does not support {'Chat ' if chat else ''}Completions API", 404)
-        refusal = self._refusal(request)
+        refusal = self._refusal(request, "generate", "Chat Completions API" if chat else "Completions API")
         if refusal is not None:
             return refusal
         try:
@@ -337,18 +334,8 @@ class Generation:
         self.created = int(time.time())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        produce = asyncio.ensure_future(self._stream(send) if self.stream else self._answer(send))
-        watch = asyncio.ensure_future(_wait_disconnect(receive))
-        try:
-            await asyncio.wait((produce, watch), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-            if not produce.done():
-                produce.cancel()
-            if self.seq.finish_reason is None:
-                self.server.engine.abort(self.seq)
-        if produce.done() and not produce.cancelled() and produce.exception():
-            raise produce.exception()  # type: ignore[misc]
+        await answer_until_gone(self.server.engine, self.seq, self._stream(send) if self.stream
+                                else self._answer(send), receive)
 
     async def _answer(self, send: Send) -> None:
         seq = self.seq
@@ -460,6 +447,23 @@ def _vector(text: str, dimensions: int, encoding: str) -> list[float] | str:
     if encoding == "base64":
         return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
     return vector
+
+
+async def answer_until_gone(engine: Engine, seq: Sequence, produce: Coroutine[Any, Any, None],
+                            receive: Receive) -> None:
+    """Run one sequence's answer until it ends or the client leaves; a sequence left unfinished is aborted."""
+    answering = asyncio.ensure_future(produce)
+    watch = asyncio.ensure_future(_wait_disconnect(receive))
+    try:
+        await asyncio.wait((answering, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not answering.done():
+            answering.cancel()
+        if seq.finish_reason is None:
+            engine.abort(seq)
+    if answering.done() and not answering.cancelled() and answering.exception():
+        raise answering.exception()  # type: ignore[misc]
 
 
 async def _wait_disconnect(receive: Receive) -> None:
