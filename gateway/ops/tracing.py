@@ -12,6 +12,7 @@ own thread: no span object lives while the request runs, and the SDK is imported
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import re
@@ -84,11 +85,18 @@ class Tracer:
         self.processor.shutdown()
 
 
-def spans(ctx: RequestContext, trace: Trace, resource: Any, scope: Any) -> list[Any]:
-    """The request's spans: the server span, and a child per stage that happened."""
+@functools.cache
+def _sdk() -> tuple[Any, ...]:
+    """The SDK's span types, imported on the first sampled request (tracing off imports nothing)."""
     from opentelemetry.sdk.trace import ReadableSpan
     from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+    return ReadableSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+
+def spans(ctx: RequestContext, trace: Trace, resource: Any, scope: Any) -> list[Any]:
+    """The request's spans: the server span, and a child per stage that happened."""
+    ReadableSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags = _sdk()
     t = ctx.timings
     flags = TraceFlags(TraceFlags.SAMPLED)
 

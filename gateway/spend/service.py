@@ -59,6 +59,12 @@ def period_key(tenant: str, budget: Budget, now: float) -> str:
     return f"{tenant}:{day:%Y-%m-%d}" if budget.period == "day" else f"{tenant}:{day:%Y-%m}"
 
 
+def _worst_usd(ctx: RequestContext, call: Call, prices: Any, version: Any, prompt: int, klass: str) -> float:
+    """What a request costs at most with ``prompt`` prompt tokens and every sequence at its max_tokens."""
+    usage = pricing.Usage(prompt, call.max_output * call.sequences)
+    return pricing.cost(prices, version, usage, klass, ctx.batch is not None, False)
+
+
 class Spend:
     def __init__(self, metrics: GatewayMetrics, alerts: Alerts, ledger: LedgerStore | None,
                  state: SharedState | None = None) -> None:
@@ -86,8 +92,7 @@ class Spend:
         klass = ctx.service_class
 
         def priced(prompt: int) -> float:
-            usage = pricing.Usage(prompt, call.max_output * call.sequences)
-            return pricing.cost(prices, version, usage, klass, ctx.batch is not None, False)
+            return _worst_usd(ctx, call, prices, version, prompt, klass)
 
         # The anomaly rule compares what a request may generate with the tenant's usual; an embeddings request
         # generates nothing (nothing to clamp), and its small costs would lower the usual of the tenant's chat.
@@ -118,8 +123,7 @@ class Spend:
         version = pricing.version_on(prices, ctx.served_model, datetime.fromtimestamp(now, UTC).date())
         if version is None or tenant.budget is None:
             return
-        usage = pricing.Usage(call.size, call.max_output * call.sequences)
-        worst = pricing.cost(prices, version, usage, ctx.service_class, ctx.batch is not None, False)
+        worst = _worst_usd(ctx, call, prices, version, call.size, ctx.service_class)
         await self._reserve(ctx, tenant, tenant.budget, worst, now)
 
     def _anomaly(self, ctx: RequestContext, call: Call, worst_usd: float, baseline: float,

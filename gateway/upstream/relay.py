@@ -171,7 +171,8 @@ async def relay_stream(ctx: RequestContext, worker: Worker, response: aiohttp.Cl
     captured: list[bytes] | None = [] if capture else None
     with worker_errors(worker, "head", cooldown_s):
         chunk = await content.readany()
-    relayed.head = chunk[:512]
+    if ctx.endpoint == "responses":  # where the stream names its response (no copy for the other endpoints)
+        relayed.head = chunk[:512]
     ctx.timings.first_byte()
     if first_token is not None:  # the engine's TTFT, without the gateway's queue wait: a capacity signal
         first_token(worker.inflight, ctx.timings.ttft - (ctx.timings.queue_wait or 0.0))  # type: ignore[operator]
