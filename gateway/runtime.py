@@ -24,7 +24,6 @@ from gateway.spend.alerts import Alerts
 from gateway.spend.service import Spend
 from gateway.state import SharedState
 from gateway.state.replicas import ALONE, Replicas, Share
-from gateway.upstream.dispatch import connect_trace
 from gateway.upstream.homes import ResponseHomes
 from gateway.upstream.pools import Upstreams
 
@@ -49,7 +48,7 @@ class Gateway:
         self.scheduler = Controller(self.metrics, share=share)
         self.metrics.gateway_processes.set(share.of)
         self.ratelimit = RateLimiter(self.state, lambda: self.scheduler.share.of)
-        self.upstreams = Upstreams(self.metrics, traces=[connect_trace()], on_metrics=self._on_metrics)
+        self.upstreams = Upstreams(self.metrics, on_metrics=self._on_metrics)
         self.cache: SemanticCache | None = None
         self.tracer = tracing.from_config(store.current.policy.tracing)  # read once, at start
         self.responses = ResponseHomes()  # which worker made which Responses API answer

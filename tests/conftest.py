@@ -31,7 +31,7 @@ REDIS_URL = "redis://127.0.0.1:6379/0"  # the machine's Redis (CI starts one whe
 IN_PROCESS = frozenset({
     "test_cache_service", "test_cache_units", "test_edge", "test_money", "test_openai_api", "test_pipeline",
     "test_routing", "test_scaling", "test_scheduling", "test_sim_engine", "test_sse", "test_state",
-    "test_structure", "test_batch_lines", "test_affinity", "test_tracing",
+    "test_structure", "test_batch_lines", "test_affinity", "test_tracing", "test_http1",
 })
 
 

@@ -1,7 +1,7 @@
 """In-process fakes for unit tests: a scripted worker on loopback and a Gateway built from a policy dict.
 
 The worker is a real aiohttp server in the test's own event loop (like httpx's MockTransport, but over a
-socket, because the upstream code speaks aiohttp and its errors are transport errors): each test scripts
+socket, because the upstream client's errors are transport errors): each test scripts
 what the worker answers, and the pipeline runs as in production, without ASGI and without subprocesses.
 """
 

@@ -123,7 +123,7 @@ def test_connect_error_is_retried_and_cools_the_worker_down() -> None:
             workers.insert(0, dead)
             answers = [await call(gw, chat()) for _ in range(3)]
             assert all(sink.status == 200 and ctx.worker == good.url for ctx, sink in answers)
-            assert not dead.observed.healthy and "ClientConnectorError" in (dead.observed.last_error or "")
+            assert not dead.observed.healthy and "ConnectFailed" in (dead.observed.last_error or "")
             assert answers[0][0].attempts == 2 and inflight(gw) == 0
     asyncio.run(main())
 

@@ -3,14 +3,17 @@ that server's memory), and only by the tenant that made it."""
 
 from __future__ import annotations
 
-import aiohttp
+from urllib.parse import quote
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import NotFound, Unavailable, UpstreamFailed
+from gateway.fleet.observe import describe
 from gateway.http.guards import gateway_of, tenant_of
 from gateway.http.responses import NOSNIFF
+from gateway.upstream.errors import TRANSPORT_ERRORS
 
 
 async def retrieve(request: Request) -> Response:
@@ -21,13 +24,16 @@ async def retrieve(request: Request) -> Response:
     if home is None:
         raise NotFound("No such response for this tenant.", "response_not_found")
     pool = gw.upstreams.pools.get(home.pool)
-    if pool is None or pool.session is None:
+    if pool is None:
         raise Unavailable("The worker holding this response is not available now.", "previous_response_unavailable")
     try:
-        async with pool.session.get(f"{home.worker}/v1/responses/{rid}", timeout=pool.timeout) as reply:
+        reply = await pool.client.request(b"GET", home.worker, f"/v1/responses/{quote(rid, safe='')}")
+        try:
             body, status = await reply.read(), reply.status
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise UpstreamFailed("connect", repr(exc)) from None
+        finally:
+            reply.release()
+    except TRANSPORT_ERRORS as exc:
+        raise UpstreamFailed("connect", describe(exc)) from None
     if status == 404:
         raise NotFound("The worker that made this response no longer holds it (it restarted).", "response_not_found")
     if status >= 400:

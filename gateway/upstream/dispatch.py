@@ -8,11 +8,8 @@ in-flight lease covers the whole exchange, relay included, and is given back on 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import time
 from collections.abc import AsyncIterator
-
-import aiohttp
 
 from gateway.context import RequestContext
 from gateway.errors import Unavailable
@@ -20,30 +17,15 @@ from gateway.fleet.observe import cool_down
 from gateway.fleet.worker import Worker
 from gateway.upstream.affinity import Affinity, choose
 from gateway.upstream.errors import COOLDOWN_STATUS, RETRYABLE_STATUS, UpstreamFailed, worker_errors
+from gateway.upstream.http1 import Response
 from gateway.upstream.pools import UpstreamPool
 from gateway.upstream.routing import in_turn, pick
-
-# Set by aiohttp's trace hook in the request's own task: when the request head was written to the worker.
-_head_sent_at: contextvars.ContextVar[list[float]] = contextvars.ContextVar("head_sent_at")
-
-
-async def _on_headers_sent(session: object, ctx: object, params: object) -> None:
-    stamp = _head_sent_at.get(None)
-    if stamp is not None:
-        stamp.append(time.perf_counter())
-
-
-def connect_trace() -> aiohttp.TraceConfig:
-    """The trace that times ``upstream_connect``: give it to the pools' sessions."""
-    trace = aiohttp.TraceConfig()
-    trace.on_request_headers_sent.append(_on_headers_sent)
-    return trace
 
 
 @contextlib.asynccontextmanager
 async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: bytes,
                    affinity: Affinity | None = None, pinned: str | None = None,
-                   ) -> AsyncIterator[tuple[Worker, aiohttp.ClientResponse]]:
+                   ) -> AsyncIterator[tuple[Worker, Response]]:
     """``async with dispatch(...) as (worker, response):`` the response head of a worker that took the request.
     The first try goes where the request's ``affinity`` says its prompt's prefix is cached (if the pool has a
     choice), a retry to the least loaded of the others.
@@ -51,12 +33,11 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: 
     ``pinned``: the one worker that may take it (it holds the state the request continues); no retry elsewhere.
 
     Raises Unavailable when no worker is available, UpstreamFailed when every try failed."""
-    assert pool.session is not None
     exclude: set[Worker] = set()
     failure: UpstreamFailed | None = None
-    headers = {"content-type": "application/json", "x-request-id": ctx.request_id}
+    headers = [(b"content-type", b"application/json"), (b"x-request-id", ctx.request_id.encode("latin-1"))]
     if ctx.trace is not None:
-        headers["traceparent"] = ctx.trace.traceparent()
+        headers.append((b"traceparent", ctx.trace.traceparent().encode("ascii")))
     ctx.timings.dispatch_at = time.perf_counter() - ctx.timings.start
     for attempt in range(2):
         if pinned is not None:
@@ -85,22 +66,16 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: 
         ctx.worker = worker.url
         exclude.add(worker)
         with pool.lease(worker):
-            stamp: list[float] = []
-            token = _head_sent_at.set(stamp)
-            sent_at = time.perf_counter()
+            sent: list[float] = []
+            started = time.perf_counter()
             try:
                 with worker_errors(worker, "connect", pool.spec.cooldown_s):
-                    response = await pool.session.post(worker.url + path, data=payload, headers=headers,
-                                                       timeout=pool.timeout)
+                    response = await pool.client.request(b"POST", worker.url, path, payload, headers, sent)
             except UpstreamFailed as exc:
                 failure = exc
                 continue
-            finally:
-                _head_sent_at.reset(token)
-                if stamp:  # the request reached the worker, even if the wait for its answer was cut short
-                    ctx.timings.upstream_connect = stamp[0] - sent_at
-            if not stamp:
-                ctx.timings.upstream_connect = time.perf_counter() - sent_at
+            finally:  # until the request was written (connecting, if it had to), or until the try ended
+                ctx.timings.upstream_connect = (sent[0] if sent else time.perf_counter()) - started
             status = response.status
             if status in RETRYABLE_STATUS and attempt == 0 and pick(pool.workers, exclude) is not None:
                 response.close()

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from types import TracebackType
 
-import aiohttp
-
 from gateway.errors import UpstreamFailed
 from gateway.fleet.observe import cool_down, describe
 from gateway.fleet.worker import Worker
+from gateway.upstream.http1 import ConnectFailed, UpstreamError
 
-TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
+TRANSPORT_ERRORS = (UpstreamError, TimeoutError)
 RETRYABLE_STATUS = frozenset({500, 502, 503, 504})  # retried on another worker before the first byte
 COOLDOWN_STATUS = frozenset({502, 503, 504})  # the worker is overloaded or down: leave it out for a while
 
@@ -38,5 +37,5 @@ class worker_errors:
             reason = describe(exc)
             cool_down(self.worker, reason, self.cooldown_s)
             # connected, but the head never came: the worker failed before answering, it was not unreachable
-            phase = "head" if self.phase == "connect" and isinstance(exc, aiohttp.SocketTimeoutError) else self.phase
+            phase = "head" if self.phase == "connect" and not isinstance(exc, ConnectFailed) else self.phase
             raise UpstreamFailed(phase, reason) from None

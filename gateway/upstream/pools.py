@@ -1,4 +1,5 @@
-"""Keep-alive pools: one aiohttp session per pool, its workers, their scraper, and the in-flight lease.
+"""Keep-alive pools: one client per pool (gateway.upstream.http1), its workers, their scraper, and the in-flight
+lease.
 
 In-flight is counted in exactly one place, ``Lease``: taken when a request is sent to a worker and given
 back when its answer is finished, on every exit (success, error, cancellation by a client that left,
@@ -21,12 +22,12 @@ from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import Pool
 from gateway.scheduling.queues import PoolState
 from gateway.upstream.affinity import PrefixIndex
+from gateway.upstream.http1 import Client
 
 
-def session(spec: Pool, traces: list[aiohttp.TraceConfig] | None = None) -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=spec.max_connections, keepalive_timeout=spec.keepalive_s,
-                                     ttl_dns_cache=None)
-    return aiohttp.ClientSession(connector=connector, trace_configs=traces or [], auto_decompress=False,
+def scrape_session() -> aiohttp.ClientSession:
+    """The session that reads the workers' /health and /metrics (off the request path)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
                                  skip_auto_headers=("User-Agent",))
 
 
@@ -48,10 +49,9 @@ class Lease:
 
 
 class UpstreamPool:
-    """One keep-alive session per pool, its workers, and their scraper."""
+    """A pool's keep-alive client, its workers, and their scraper."""
 
     def __init__(self, name: str, spec: Pool, metrics: GatewayMetrics,
-                 traces: list[aiohttp.TraceConfig] | None = None,
                  on_metrics: Callable[[str], None] | None = None) -> None:
         self.name = name
         self.spec = spec
@@ -59,29 +59,17 @@ class UpstreamPool:
         self.workers = [Worker(str(url).rstrip("/"), name) for url in spec.workers]
         self.admission = PoolState(name, self.workers, spec)  # its queues and counts (gateway.scheduling)
         self.prefixes = PrefixIndex()  # which worker recently got which prompt blocks (affinity)
-        # connect: pool wait + TCP connect; sock_read: the longest silence between upstream bytes
-        self.timeout = aiohttp.ClientTimeout(total=None, connect=spec.connect_timeout_s,
-                                             sock_read=spec.read_timeout_s)
-        self._traces = traces
         self._on_metrics = on_metrics
-        self.session: aiohttp.ClientSession | None = None
+        # connect: the wait for a free connection + TCP connect; read: the longest silence between upstream bytes.
+        # The count of connections opened, against requests, is the keep-alive reuse.
+        self.client = Client(spec.max_connections, spec.keepalive_s, spec.connect_timeout_s, spec.read_timeout_s,
+                             metrics.upstream_connections.labels(name).inc)
         self._scrape_session: aiohttp.ClientSession | None = None
         self._scraper: asyncio.Task[None] | None = None
 
-    def _connections_trace(self) -> aiohttp.TraceConfig:
-        """Count the upstream connections opened: requests / connections is the keep-alive reuse."""
-        opened = self.metrics.upstream_connections.labels(self.name)
-        trace = aiohttp.TraceConfig()
-
-        async def on_created(session: object, context: object, params: object) -> None:
-            opened.inc()
-        trace.on_connection_create_end.append(on_created)
-        return trace
-
     async def start(self) -> None:
-        """Open the sessions, scrape once before serving (so /readyz is right at once), then keep scraping."""
-        self.session = session(self.spec, [*(self._traces or []), self._connections_trace()])
-        self._scrape_session = session(self.spec)
+        """Open the scrape session, scrape once before serving (so /readyz is right at once), then keep scraping."""
+        self._scrape_session = scrape_session()
         timeout = aiohttp.ClientTimeout(total=min(2.0, max(0.5, self.spec.scrape_interval_s * 2)))
         await asyncio.gather(*(scrape(w, self._scrape_session, timeout) for w in self.workers))
         self._after_scrape()
@@ -117,19 +105,17 @@ class UpstreamPool:
     async def close(self) -> None:
         if self._scraper:
             self._scraper.cancel()
-        for s in (self.session, self._scrape_session):
-            if s is not None:
-                await s.close()
+        self.client.close()
+        if self._scrape_session is not None:
+            await self._scrape_session.close()
 
 
 class Upstreams:
     """Pools by name, kept in step with the policy. A replaced pool drains before it closes."""
 
-    def __init__(self, metrics: GatewayMetrics, traces: list[aiohttp.TraceConfig] | None = None,
-                 on_metrics: Callable[[str], None] | None = None) -> None:
+    def __init__(self, metrics: GatewayMetrics, on_metrics: Callable[[str], None] | None = None) -> None:
         self.metrics = metrics
         self.pools: dict[str, UpstreamPool] = {}
-        self._traces = traces
         self._on_metrics = on_metrics
         self._retiring: set[asyncio.Task[None]] = set()
 
@@ -139,7 +125,7 @@ class Upstreams:
             current = self.pools.get(name)
             if current is not None and current.spec == spec:
                 continue
-            pool = UpstreamPool(name, spec, self.metrics, self._traces, self._on_metrics)
+            pool = UpstreamPool(name, spec, self.metrics, self._on_metrics)
             if current is not None:  # queued and admitted requests stay counted, now against the new workers
                 pool.admission = current.admission
                 pool.admission.workers, pool.admission.spec = pool.workers, spec

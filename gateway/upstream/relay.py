@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 
 from gateway import sse
@@ -27,6 +26,7 @@ from gateway.fleet.worker import Worker
 from gateway.openai_api import LARGE_BODY
 from gateway.sink import Sink
 from gateway.upstream.errors import COOLDOWN_STATUS, UpstreamFailed, worker_errors
+from gateway.upstream.http1 import Response
 
 log = logging.getLogger("tollgate.upstream")
 
@@ -156,7 +156,7 @@ class _UsageTap:
         return b"".join(kept)
 
 
-async def relay_stream(ctx: RequestContext, worker: Worker, response: aiohttp.ClientResponse, sink: Sink,
+async def relay_stream(ctx: RequestContext, worker: Worker, response: Response, sink: Sink,
                        relayed: Relayed, usage: tuple[bool, bool], cooldown_s: float, capture: bool = False,
                        first_token: Callable[[int, float], None] | None = None) -> None:
     """Forward an SSE answer. The response head waits for the first upstream byte (it carries Server-Timing).
@@ -167,10 +167,9 @@ async def relay_stream(ctx: RequestContext, worker: Worker, response: aiohttp.Cl
     stream with an SSE error event and [DONE])."""
     splitter = sse.EventSplitter()
     tap = _ResponsesTap(relayed) if ctx.endpoint == "responses" else _UsageTap(relayed, *usage)
-    content = response.content
     captured: list[bytes] | None = [] if capture else None
     with worker_errors(worker, "head", cooldown_s):
-        chunk = await content.readany()
+        chunk = await response.readany()
     if ctx.endpoint == "responses":  # where the stream names its response (no copy for the other endpoints)
         relayed.head = chunk[:512]
     ctx.timings.first_byte()
@@ -193,7 +192,7 @@ async def relay_stream(ctx: RequestContext, worker: Worker, response: aiohttp.Cl
                     out = tap(out)
                     if out:
                         await sink.send(out, more=True)
-                chunk = await content.readany()
+                chunk = await response.readany()
         response.release()  # finished: the connection goes back to the pool
         relayed.answered = True
     except UpstreamFailed as exc:
@@ -218,7 +217,7 @@ def _worker_complaint(body: bytes) -> str:
     return text if len(text) <= 500 else text[:500] + "..."
 
 
-async def relay_body(ctx: RequestContext, worker: Worker, response: aiohttp.ClientResponse, sink: Sink,
+async def relay_body(ctx: RequestContext, worker: Worker, response: Response, sink: Sink,
                      relayed: Relayed, cooldown_s: float) -> None:
     """Forward a whole answer. A worker's 4xx (a complaint about the request) becomes the gateway's own error
     with the worker's message; a 5xx becomes the gateway's own 502, naming nothing internal."""
@@ -244,7 +243,7 @@ async def relay_body(ctx: RequestContext, worker: Worker, response: aiohttp.Clie
         relayed.captured = body
     await sink.start(status, [
         *ctx.response_headers(),
-        (b"content-type", response.headers.get("Content-Type", "application/json").encode()),
+        (b"content-type", response.header(b"content-type") or b"application/json"),
         (b"content-length", str(len(body)).encode()),
         (b"server-timing", ctx.server_timing()),
     ])
