@@ -6,25 +6,23 @@ Off unless configured (the standard ``OTEL_*`` variables, or the policy's ``trac
 then pays one ``is None`` test. On, a request is sampled when it arrives (by the caller's sampled flag when it
 sent a ``traceparent``, else at the configured ratio); an unsampled one costs one random draw, and one with a
 caller's ``traceparent`` forwards it unchanged. A sampled request's spans are built once, when it ends, from the
-stage timings every request keeps anyway, and handed to the SDK's batch processor, which exports them from its
-own thread: no span object lives while the request runs, and the SDK is imported only when tracing is on.
+stage timings every request keeps anyway, as plain records handed to gateway.ops.otlp, which encodes and
+exports them from its own thread: no span object lives while the request runs.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import random
 import re
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from gateway.context import RequestContext, Trace
+from gateway.ops import otlp
+from gateway.ops.otlp import SpanRecord
 from gateway.policy.schema import TracingPolicy
-
-if TYPE_CHECKING:
-    from opentelemetry.sdk.trace.export import SpanExporter
 
 _TRACEPARENT = re.compile(rb"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:-.*)?$")
 OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings"}
@@ -45,17 +43,11 @@ def parse_traceparent(value: bytes | None) -> tuple[int, int, bool] | None:
 
 
 class Tracer:
-    """Samples requests and exports the spans of the sampled ones (see the module docstring)."""
+    """Samples requests and hands the spans of the sampled ones to the exporter (see the module docstring)."""
 
-    def __init__(self, exporter: SpanExporter, ratio: float, service_name: str) -> None:
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-
+    def __init__(self, exporter: otlp.Exporter, ratio: float) -> None:
         self.ratio = ratio
-        self.processor = BatchSpanProcessor(exporter)
-        self.resource = Resource.create({"service.name": service_name})
-        self.scope = InstrumentationScope("tollgate")
+        self.exporter = exporter
         self._random = random.Random()
 
     def start(self, traceparent: bytes | None) -> Trace | None:
@@ -73,64 +65,41 @@ class Tracer:
         return Trace(trace_id, parent_id, bits(64) or 1, bits(64) or 1, True, time.time_ns())
 
     def finish(self, ctx: RequestContext) -> None:
-        """Build the ended request's spans and queue them for export (sampled requests only)."""
+        """Queue the ended request's spans for export (sampled requests only)."""
         trace = ctx.trace
         if trace is None or not trace.sampled:
             return
-        for span in spans(ctx, trace, self.resource, self.scope):
-            self.processor.on_end(span)
+        self.exporter.add(trace.trace_id, spans(ctx, trace, self._random.getrandbits))
 
     def shutdown(self) -> None:
         """Export what is queued (blocking: call it off the event loop)."""
-        self.processor.shutdown()
+        self.exporter.shutdown()
 
 
-@functools.cache
-def _sdk() -> tuple[Any, ...]:
-    """The SDK's span types, imported on the first sampled request (tracing off imports nothing)."""
-    from opentelemetry.sdk.trace import ReadableSpan
-    from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
-
-    return ReadableSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
-
-
-def spans(ctx: RequestContext, trace: Trace, resource: Any, scope: Any) -> list[Any]:
+def spans(ctx: RequestContext, trace: Trace, bits: Callable[[int], int] = random.getrandbits) -> list[SpanRecord]:
     """The request's spans: the server span, and a child per stage that happened."""
-    ReadableSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags = _sdk()
     t = ctx.timings
-    flags = TraceFlags(TraceFlags.SAMPLED)
+    start = trace.wall_start_ns
 
     def at(offset: float) -> int:
-        return trace.wall_start_ns + int(offset * _NS)
+        return start + int(offset * _NS)
 
-    def context(span_id: int) -> SpanContext:
-        return SpanContext(trace.trace_id, span_id, is_remote=False, trace_flags=flags)
-
-    server = context(trace.server_id)
-    parent = SpanContext(trace.trace_id, trace.parent_id, is_remote=True, trace_flags=flags) \
-        if trace.parent_id is not None else None
     operation = OPERATIONS.get(ctx.endpoint, ctx.endpoint)
-    failed = ctx.status >= 400 or ctx.status == 0
-    status = Status(StatusCode.ERROR, ctx.error) if failed else Status(StatusCode.UNSET)
-    out = [ReadableSpan(f"{operation} {ctx.model}" if ctx.model else operation, server, parent, resource,
-                        server_attributes(ctx, operation), kind=SpanKind.SERVER, status=status,
-                        start_time=at(0.0), end_time=at(t.total or 0.0), instrumentation_scope=scope)]
+    error = (ctx.error or f"HTTP {ctx.status}") if ctx.status >= 400 or ctx.status == 0 else None
+    server = trace.server_id
+    out = [SpanRecord(f"{operation} {ctx.model}" if ctx.model else operation, server, trace.parent_id, otlp.SERVER,
+                      start, at(t.total or 0.0), server_attributes(ctx, operation), error)]
     if t.cache is not None and t.cache_at is not None:
-        out.append(ReadableSpan("cache lookup", context(random.getrandbits(64) or 1), server, resource,
-                                {"tollgate.cache": ctx.cache or ""}, kind=SpanKind.INTERNAL,
-                                start_time=at(t.cache_at), end_time=at(t.cache_at + t.cache),
-                                instrumentation_scope=scope))
+        out.append(SpanRecord("cache lookup", bits(64) or 1, server, otlp.INTERNAL, at(t.cache_at),
+                              at(t.cache_at + t.cache), {"tollgate.cache": ctx.cache or ""}))
     if t.dispatch_at is not None:
         if t.queue_wait is not None:
-            out.append(ReadableSpan("queue wait", context(random.getrandbits(64) or 1), server, resource,
-                                    {"tollgate.class": ctx.service_class}, kind=SpanKind.INTERNAL,
-                                    start_time=at(t.dispatch_at - t.queue_wait), end_time=at(t.dispatch_at),
-                                    instrumentation_scope=scope))
+            out.append(SpanRecord("queue wait", bits(64) or 1, server, otlp.INTERNAL, at(t.dispatch_at - t.queue_wait),
+                                  at(t.dispatch_at), {"tollgate.class": ctx.service_class}))
         upstream = {"server.address": ctx.worker or "", "tollgate.attempts": ctx.attempts,
                     "tollgate.route": ctx.route or "", "gen_ai.operation.name": operation}
-        out.append(ReadableSpan(f"{operation} upstream", context(trace.upstream_id), server, resource, upstream,
-                                kind=SpanKind.CLIENT, status=status, start_time=at(t.dispatch_at),
-                                end_time=at(t.total or t.dispatch_at), instrumentation_scope=scope))
+        out.append(SpanRecord(f"{operation} upstream", trace.upstream_id, server, otlp.CLIENT, at(t.dispatch_at),
+                              at(t.total or t.dispatch_at), upstream, error))
     return out
 
 
@@ -165,22 +134,40 @@ def from_config(policy: TracingPolicy, environ: Mapping[str, str] = os.environ) 
         return None
     if environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() in ("none", ""):
         return None
-    from_env = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    if not from_env and not policy.endpoint:
+    traces_endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    endpoint = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or policy.endpoint
+    if not traces_endpoint and not endpoint:
         return None
-    protocol = (environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-                or policy.protocol).strip().lower()
-    endpoint = None if from_env else policy.endpoint  # the exporters read the variables themselves
+
+    def setting(name: str, default: str = "") -> str:
+        return (environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or environ.get(f"OTEL_EXPORTER_OTLP_{name}")
+                or default).strip()
+
+    protocol = setting("PROTOCOL", policy.protocol).lower()
+    headers = otlp.parse_headers(setting("HEADERS"))
+    timeout_s = _number(setting("TIMEOUT"), 10_000) / 1000  # milliseconds, as the specification says
+    gzipped = setting("COMPRESSION").lower() == "gzip"
+    certificate = setting("CERTIFICATE") or None
     if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+        send = otlp.grpc_sender(traces_endpoint or endpoint or "", headers, timeout_s, gzipped,
+                                setting("INSECURE").lower() == "true", certificate)
+    else:  # http/protobuf; a signal-specific endpoint is used as it is, a general one gets /v1/traces
+        url = traces_endpoint or (endpoint or "").rstrip("/") + "/v1/traces"
+        send = otlp.http_sender(url, headers, timeout_s, gzipped, certificate)
+    service = environ.get("OTEL_SERVICE_NAME") or policy.service_name
+    exporter = otlp.Exporter(send, otlp.resource_of(service, environ), otlp.scope_of(),
+                             delay_s=_number(environ.get("OTEL_BSP_SCHEDULE_DELAY", ""), 5000) / 1000,
+                             max_queue=int(_number(environ.get("OTEL_BSP_MAX_QUEUE_SIZE", ""), 2048)),
+                             max_batch=int(_number(environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", ""), 512)))
+    return Tracer(exporter, sample_ratio(policy, environ))
 
-        exporter: SpanExporter = GrpcExporter(endpoint=endpoint, insecure=True if endpoint and
-                                              endpoint.startswith("http://") else None)
-    else:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
-        exporter = HttpExporter(endpoint=endpoint.rstrip("/") + "/v1/traces" if endpoint else None)
-    return Tracer(exporter, sample_ratio(policy, environ), environ.get("OTEL_SERVICE_NAME") or policy.service_name)
+def _number(text: str, default: float) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        return default
+    return value if value > 0 else default
 
 
 def sample_ratio(policy: TracingPolicy, environ: Mapping[str, str]) -> float:
