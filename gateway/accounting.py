@@ -23,7 +23,7 @@ def finish(ctx: RequestContext, metrics: GatewayMetrics, ledger: LedgerWriter | 
     if ctx.tenant is not None:
         ctx.cost_usd, ctx.price_version = price(ctx, now)
         if ctx.cost_usd:
-            metrics.cost.labels(ctx.tenant.name, ctx.served_model or "none").inc(ctx.cost_usd)
+            metrics.child(metrics.cost, ctx.tenant.name, ctx.served_model or "none").inc(ctx.cost_usd)
         if spend is not None:
             spend.settle(ctx, ctx.cost_usd)
         if ratelimit is not None and ctx.charge is not None:
@@ -39,18 +39,19 @@ def finish(ctx: RequestContext, metrics: GatewayMetrics, ledger: LedgerWriter | 
                          (tpot, t.tpot), (duration, t.total)):
         if value is not None:
             child.observe(value)
-    metrics.requests.labels(tier, model, str(ctx.status)).inc()
+    child = metrics.child
+    child(metrics.requests, tier, model, str(ctx.status)).inc()
     if ctx.error:
-        metrics.errors.labels(tier, model, ctx.error).inc()
+        child(metrics.errors, tier, model, ctx.error).inc()
     if ctx.prompt_tokens:
-        metrics.tokens.labels(tier, model, "prompt").inc(ctx.prompt_tokens)
+        child(metrics.tokens, tier, model, "prompt").inc(ctx.prompt_tokens)
     if ctx.completion_tokens:
-        metrics.tokens.labels(tier, model, "completion").inc(ctx.completion_tokens)
+        child(metrics.tokens, tier, model, "completion").inc(ctx.completion_tokens)
     if ctx.cache:
-        metrics.cache_requests.labels(tier, ctx.cache).inc()
+        child(metrics.cache_requests, tier, ctx.cache).inc()
         if ctx.cache.startswith("hit"):
-            metrics.cache_tokens_saved.labels(tier, "prompt").inc(ctx.prompt_tokens or 0)
-            metrics.cache_tokens_saved.labels(tier, "completion").inc(ctx.completion_tokens or 0)
+            child(metrics.cache_tokens_saved, tier, "prompt").inc(ctx.prompt_tokens or 0)
+            child(metrics.cache_tokens_saved, tier, "completion").inc(ctx.completion_tokens or 0)
     if tracer is not None and ctx.trace is not None:
         tracer.finish(ctx)
     logs.emit({

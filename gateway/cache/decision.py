@@ -43,16 +43,16 @@ async def decide(cache: SemanticCache | None, ctx: RequestContext, body: dict[st
     decision = CacheDecision(key=None if isinstance(key, str) else key, store=b"no-store" not in directive)
     if isinstance(key, str) or b"no-cache" in directive:
         ctx.cache = "bypass"
-        metrics.cache_bypass.labels(key if isinstance(key, str) else "no-cache").inc()
+        metrics.child(metrics.cache_bypass, key if isinstance(key, str) else "no-cache").inc()
         return decision
     started = time.perf_counter()
     found = await cache.lookup(key, spec)
     ctx.timings.cache = time.perf_counter() - started
     ctx.timings.cache_at = started - ctx.timings.start
-    metrics.cache_lookup.labels(found.result).observe(ctx.timings.cache)
+    metrics.child(metrics.cache_lookup, found.result).observe(ctx.timings.cache)
     ctx.cache = found.result
     ctx.cache_similarity = found.similarity
     if found.result == "bypass":
-        metrics.cache_bypass.labels(found.reason or "unknown").inc()
+        metrics.child(metrics.cache_bypass, found.reason or "unknown").inc()
     decision.lookup = found
     return decision

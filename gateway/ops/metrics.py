@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # Fine at the low end: the gateway's own share is measured in microseconds to milliseconds.
@@ -79,6 +81,7 @@ class GatewayMetrics:
                                   "a gateway starved of CPU or blocked by a long call shows here first.",
                                   buckets=FAST_BUCKETS, registry=r)
         self._children: dict[tuple[str, str], tuple[object, ...]] = {}
+        self._labelled: dict[tuple[object, tuple[str, ...]], Any] = {}
 
     def stage_children(self, tier: str, model: str) -> tuple:  # type: ignore[type-arg]
         """Label lookups cost microseconds each; cache the children per (tier, model)."""
@@ -90,6 +93,14 @@ class GatewayMetrics:
                         self.duration.labels(tier, model))
             self._children[key] = children
         return children
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, remembered: a lookup costs microseconds and a request makes several."""
+        key = (metric, labels)
+        found = self._labelled.get(key)
+        if found is None:
+            found = self._labelled[key] = metric.labels(*labels)
+        return found
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -143,7 +143,6 @@ class Controller:
                 continue
             state.take(waiter.tenant)
             waiter.future.set_result(None)
-        self._publish_depth(state)
 
     @staticmethod
     def _learn_from(ctx: RequestContext, state: PoolState, ended: BaseException | None) -> None:
@@ -222,7 +221,6 @@ class Controller:
     def _forget(self, state: PoolState, waiter: Waiter) -> None:
         if state.queues[waiter.ctx.service_class].remove(waiter):
             state.queued_bytes -= waiter.size
-        self._publish_depth(state)
 
     # -- bookkeeping --------------------------------------------------------------------------------------
 
@@ -260,11 +258,6 @@ class Controller:
             self.metrics.shed.labels(klass, reason).inc()
         retry = max(1, math.ceil(wait_s))
         return Shed(f"The {klass} queue is too busy: this request {why}. Retry after {retry} s.", klass, reason, retry)
-
-    def _publish_depth(self, state: PoolState) -> None:
-        if self.metrics is not None:
-            for klass in TIERS:
-                self.metrics.queue_depth.labels(state.name, klass).set(state.queues[klass].count)
 
     def snapshot(self, states: Iterable[PoolState]) -> dict[str, object]:
         """What GET /admin/queues shows."""

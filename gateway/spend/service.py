@@ -164,7 +164,7 @@ class Spend:
             return
         assert result is not None
         granted, spent, reserved = result
-        self.metrics.budget_remaining.labels(tenant.name).set((limit - spent - reserved) / NANO)
+        self.metrics.child(self.metrics.budget_remaining, tenant.name).set((limit - spent - reserved) / NANO)
         if not granted:
             raise OverBudget(f"Tenant '{tenant.name}' has used its {budget.period}ly budget of "
                            f"${budget.limit_usd:g} (spent ${spent / NANO:.6f}, ${reserved / NANO:.6f} reserved by "
@@ -240,7 +240,7 @@ class Spend:
             return
         spent, reserved = result
         limit = budget.limit_usd * NANO
-        self.metrics.budget_remaining.labels(tenant.name).set((limit - spent - reserved) / NANO)
+        self.metrics.child(self.metrics.budget_remaining, tenant.name).set((limit - spent - reserved) / NANO)
         if spent >= budget.alert_at * limit and key not in self._alerted:
             self._alerted.add(key)
             self.alerts.raise_alert("budget", "alert", webhook, tenant=tenant.name, period=key.split(":", 1)[1],

@@ -86,7 +86,10 @@ class UpstreamPool:
         return Lease(worker)
 
     def publish(self) -> None:
+        """The pool's gauges, set when read (by /metrics and after each scrape), not on every request."""
         now = time.monotonic()
+        for klass, queue in self.admission.queues.items():
+            self.metrics.queue_depth.labels(self.name, klass).set(queue.count)
         for w in self.workers:
             labels = (self.name, w.url)
             self.metrics.worker_up.labels(*labels).set(1 if w.available(now) else 0)
