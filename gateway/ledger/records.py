@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import os
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from gateway.context import RequestContext
@@ -28,7 +27,7 @@ def price(ctx: RequestContext, when: float) -> tuple[float, str | None]:
     """(cost in USD, price version id) of a finished request, at the version in force on its UTC day."""
     prices: Prices = ctx.snapshot.policy.prices
     model = ctx.served_model  # a fallback's price when a fallback answered
-    version = pricing.version_on(prices, model, datetime.fromtimestamp(when, UTC).date())
+    version = pricing.version_on(prices, model, times.utc_day(when))
     if version is None or model is None:
         return 0.0, None
     usage = pricing.Usage(ctx.prompt_tokens or 0, ctx.completion_tokens or 0, ctx.cached_tokens or 0)

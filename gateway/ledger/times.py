@@ -6,7 +6,9 @@ PostgreSQL alike), so every writer and every query bound must format it here: fi
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
+
+_day: tuple[int, date] = (-1, date(1970, 1, 1))
 
 
 def sortable(moment: datetime) -> str:
@@ -21,6 +23,16 @@ def sortable(moment: datetime) -> str:
 def at(timestamp: float) -> str:
     """A Unix time as the ledger writes it."""
     return sortable(datetime.fromtimestamp(timestamp, UTC))
+
+
+def utc_day(timestamp: float) -> date:
+    """The UTC calendar day of a Unix time (the day a price is looked up on: twice per request, so the last
+    day is kept rather than built from a datetime each time)."""
+    global _day
+    number = int(timestamp // 86400)
+    if _day[0] != number:
+        _day = (number, datetime.fromtimestamp(number * 86400, UTC).date())
+    return _day[1]
 
 
 def period_start(period: str, now: float) -> str:

@@ -86,7 +86,7 @@ class Spend:
         assert tenant is not None and ctx.model is not None
         prices = ctx.snapshot.policy.prices
         now = time.time()
-        version = pricing.version_on(prices, ctx.model, datetime.fromtimestamp(now, UTC).date())
+        version = pricing.version_on(prices, ctx.model, times.utc_day(now))
         if version is None:
             return ctx.service_class  # an unpriced model: nothing to budget or compare
         klass = ctx.service_class
@@ -120,7 +120,7 @@ class Spend:
             ctx.reservation = None
         now = time.time()
         prices = ctx.snapshot.policy.prices
-        version = pricing.version_on(prices, ctx.served_model, datetime.fromtimestamp(now, UTC).date())
+        version = pricing.version_on(prices, ctx.served_model, times.utc_day(now))
         if version is None or tenant.budget is None:
             return
         worst = _worst_usd(ctx, call, prices, version, call.size, ctx.service_class)

@@ -139,7 +139,7 @@ class _UsageTap:
         relayed = self.relayed
         kept = []
         for event in sse.split_events(events):
-            matches = _USAGE.findall(event)
+            matches = _USAGE.findall(event) if b'"usage"' in event else None
             if not matches:
                 kept.append(event + b"\n\n")
                 relayed.events += event.count(b'"choices":[{')
