@@ -108,8 +108,11 @@ class Controller:
         state.queued_bytes += size
         self.dispatch(state, scheduling)  # a free slot that the tenants ahead may not take can be this one's
         try:
-            # a little before the deadline, so that a grant racing the timer still starts within it
-            await asyncio.wait_for(asyncio.shield(waiter.future), timeout=max(0.0, deadline_s - _DEADLINE_MARGIN_S))
+            # a little before the deadline, so that a grant racing the timer still starts within it. (The future
+            # is awaited as it is: a timeout or a cancellation cancels it unless it was granted first, which the
+            # handlers below read; wait_for with shield cost two more futures and a task step per queued request.)
+            async with asyncio.timeout(max(0.0, deadline_s - _DEADLINE_MARGIN_S)):
+                await waiter.future
         except Shed:  # displaced by higher-priority work (see _make_room)
             raise
         except TimeoutError:
@@ -119,7 +122,7 @@ class Controller:
             raise self._shed(klass, "deadline", self._predicted_wait(state, klass, self.clock()) or deadline_s,
                              "waited its class's longest queue wait") from None
         except asyncio.CancelledError:  # the client left (or the server stops)
-            if waiter.future.done() and waiter.future.exception() is None:
+            if waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
                 state.give(tenant)  # granted but never started: give the slot to the next one
                 self.dispatch(state, scheduling)
             else:
