@@ -34,8 +34,9 @@ from loadtest.spec import load_spec
 ENGINE_LIMIT = int(SIM_FLAGS[SIM_FLAGS.index("--max-num-seqs") + 1])
 
 
-def arm_policy(workers: list[str], split: bool, namespace: str) -> dict[str, Any]:
+def arm_policy(workers: list[str], split: bool, namespace: str, engine_priority: bool = False) -> dict[str, Any]:
     policy = gateway_policy(workers, "priority")
+    policy["pools"]["local-sim"]["engine_priority"] = engine_priority
     if split:
         policy["state"] = {"redis_url": "redis://127.0.0.1:6379/0", "namespace": namespace}
     return policy
@@ -85,6 +86,9 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=120.0, help="seconds of load per arm")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", default="loadtest/results")
+    parser.add_argument("--engine-priority", action="store_true", help="the workers schedule by priority "
+                        "(--scheduling-policy priority) and the pool says so (engine_priority: premium may go "
+                        "past the limit)")
     args = parser.parse_args()
     spec = load_spec(args.spec)
     results: dict[str, Run] = {}
@@ -95,8 +99,10 @@ def main() -> None:
         arms: dict[str, tuple[str, list[Proc], list[Proc]]] = {}
         try:
             for arm in ("split", "alone"):
-                sims = [start_sim(Path(tmp), *SIM_FLAGS) for _ in range(2)]
-                policy = arm_policy([s.url for s in sims], arm == "split", f"bench-{int(time.time())}")
+                flags = (*SIM_FLAGS, "--scheduling-policy", "priority") if args.engine_priority else SIM_FLAGS
+                sims = [start_sim(Path(tmp), *flags) for _ in range(2)]
+                policy = arm_policy([s.url for s in sims], arm == "split", f"bench-{int(time.time())}",
+                                    args.engine_priority)
                 gateways = [start_gateway(Path(tmp), policy) for _ in range(2)]
                 front = start_nginx(Path(tmp), [g.port for g in gateways])
                 procs += [*sims, *gateways, front]
@@ -125,7 +131,8 @@ def main() -> None:
             for proc in procs:
                 proc.kill()
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    Path(args.out, f"{spec.name}-replicas.json").write_text(json.dumps(table, indent=2))
+    suffix = "-engine-priority" if args.engine_priority else ""
+    Path(args.out, f"{spec.name}-replicas{suffix}.json").write_text(json.dumps(table, indent=2))
     print(json.dumps(table, indent=2))
 
 

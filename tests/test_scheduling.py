@@ -269,6 +269,38 @@ def test_standard_leaves_the_premium_reserve() -> None:
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("engine_priority", [False, True])
+def test_premium_goes_past_a_full_limit_only_to_engines_that_preempt_by_priority(engine_priority: bool) -> None:
+    """An engine run with --scheduling-policy priority (the pool's engine_priority) starts premium ahead of all
+    it has waiting, so premium need not wait for a slot of this process's: one past the limit (the premium
+    reserve, at least one), and never more than the lower-class requests it can take the place of. Without
+    it, premium waits."""
+    async def main() -> None:
+        h = Harness()
+        h.pool.spec = h.spec = h.spec.model_copy(update={"engine_priority": engine_priority})
+        first, second = await h.admit(h.ctx("s1")), await h.admit(h.ctx("s2"))  # the limit (2) is full
+        p1 = h.queue("p1")
+        await settle()
+        if not engine_priority:
+            assert h.granted == ["s1", "s2"], "an engine that runs in order: premium waits for a slot"
+            p1.cancel()
+            return
+        assert h.granted == ["s1", "s2", "p1"], "past the limit at once: the engine runs it first"
+        p2, s3 = h.queue("p1"), h.queue("s2")
+        await settle()
+        assert h.granted == ["s1", "s2", "p1"], "one past the limit at most, and standard waits"
+        h.release(first)
+        await settle()
+        assert h.granted == ["s1", "s2", "p1", "p1"], "a standard one ended: the next premium goes"
+        h.release(second)
+        await settle()
+        assert h.granted == ["s1", "s2", "p1", "p1"], "nothing lower left to displace: premium is the limit"
+        assert h.pool.premium == 2 and h.pool.granted == 2
+        s3.cancel()
+        await p2
+    asyncio.run(main())
+
+
 def test_a_request_may_ask_for_a_lower_class_never_a_higher_one() -> None:
     from gateway.pipeline import lower_class
 

@@ -60,7 +60,7 @@ class Controller:
         self._tenant_take(ctx, policy.server.tenant_max_concurrency)
         try:
             if policy.scheduling.mode == "fifo":
-                state.take(ctx.tenant.name)
+                state.take(ctx.tenant.name, ctx.service_class)
             else:
                 await self._wait_turn(ctx, state, policy.scheduling, cost, size)
         except BaseException:
@@ -74,7 +74,7 @@ class Controller:
         self._tenant_give(ctx)
         if ctx.worker is not None:
             self._learn_from(ctx, state, ended)
-        state.give(ctx.tenant.name if ctx.tenant else "")
+        state.give(ctx.tenant.name if ctx.tenant else "", ctx.service_class)
         state.completions.append(self.clock())
         self.dispatch(state, ctx.snapshot.policy.scheduling)
 
@@ -90,7 +90,7 @@ class Controller:
         tenant = ctx.tenant.name if ctx.tenant else ""
         state.seen[(klass, tenant)] = now
         if self._fits_now(state, scheduling, klass, now, tenant=tenant):
-            state.take(tenant)
+            state.take(tenant, klass)
             return
         deadline_s = self._max_wait(ctx, klass)
         # Premium is never refused on a forecast: slots free in waves, so the forecast is coarse, and a premium
@@ -123,7 +123,7 @@ class Controller:
                              "waited its class's longest queue wait") from None
         except asyncio.CancelledError:  # the client left (or the server stops)
             if waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
-                state.give(tenant)  # granted but never started: give the slot to the next one
+                state.give(tenant, klass)  # granted but never started: give the slot to the next one
                 self.dispatch(state, scheduling)
             else:
                 self._forget(state, waiter)
@@ -144,7 +144,7 @@ class Controller:
             state.queued_bytes -= waiter.size
             if waiter.future.done():
                 continue
-            state.take(waiter.tenant)
+            state.take(waiter.tenant, klass)
             waiter.future.set_result(None)
 
     @staticmethod
@@ -189,13 +189,27 @@ class Controller:
         if tenant is not None and tenant in state.blocked_tenants(klass, total, scheduling, now):
             return False
         if klass == "premium":
-            return free > 0
+            return free > 0 or self._preempts(state, scheduling, total)
         reserve = held_back(total, scheduling.premium_reserve)
         if klass == "standard":
             return free > reserve
         if state.queues["premium"].count or state.queues["standard"].count:
             return False
         return free > max(reserve, held_back(total, scheduling.batch_headroom))
+
+    @staticmethod
+    def _preempts(state: PoolState, scheduling: SchedulingPolicy, total: int) -> bool:
+        """May premium go past the limit now? Only to engines that schedule by priority (``engine_priority``):
+        such an engine starts a premium request ahead of everything it has waiting (and, short of KV cache,
+        preempts lower-priority ones first), so premium past the limit waits at the head of the engine's own
+        queue for the next sequence there to end, not for one of this process's own to end: once replicas
+        split each worker's limit, a process's premium reserve is one slot of four, and two premium arrivals
+        at once waited past their deadline while the engine had room. Bounded by the premium reserve, and by
+        the lower-class requests in flight (each premium request past the limit takes the place of one)."""
+        if not state.spec.engine_priority:
+            return False
+        lower = state.granted - state.premium
+        return state.granted - total < min(max(1, held_back(total, scheduling.premium_reserve)), lower)
 
     def _predicted_wait(self, state: PoolState, klass: str, now: float) -> float | None:
         """Seconds until a new request of ``klass`` would start: the work ahead of it at the drain rate."""

@@ -101,18 +101,21 @@ class PoolState:
     workers: list[Worker]
     spec: Pool
     granted: int = 0  # admitted and not yet released
+    premium: int = 0  # of those, premium requests
     held: dict[str, int] = field(default_factory=dict)  # granted, by tenant
     seen: dict[tuple[str, str], float] = field(default_factory=dict)  # (class, tenant) -> when it last asked
     queues: dict[str, ClassQueue] = field(default_factory=lambda: {t: ClassQueue() for t in TIERS})
     queued_bytes: int = 0
     completions: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=256))
 
-    def take(self, tenant: str) -> None:
+    def take(self, tenant: str, klass: str) -> None:
         self.granted += 1
+        self.premium += klass == "premium"
         self.held[tenant] = self.held.get(tenant, 0) + 1
 
-    def give(self, tenant: str) -> None:
+    def give(self, tenant: str, klass: str) -> None:
         self.granted -= 1
+        self.premium -= klass == "premium"
         left = self.held.get(tenant, 1) - 1
         if left > 0:
             self.held[tenant] = left
