@@ -123,7 +123,12 @@ def main() -> None:
                           for g in gateways]
                 failures = collections.Counter(f"{r.cls} {r.status} {r.error}" for r in results[arm].results
                                                if not r.ok and r.status != 429)
-                table[arm] = {"classes": summary(results[arm]), "failures": dict(failures),
+                sheds = collections.Counter()
+                for g in gateways:
+                    for line in httpx.get(g.url + "/metrics").text.splitlines():
+                        if line.startswith("tollgate_shed_total{"):
+                            sheds[line.split("{", 1)[1].split("}", 1)[0]] += int(float(line.rsplit(" ", 1)[1]))
+                table[arm] = {"classes": summary(results[arm]), "failures": dict(failures), "sheds": dict(sheds),
                               "workers": held_report(sims, samples[arm]),
                               "limits": [{k: q["pools"]["local-sim"][k]
                                           for k in ("learned_limits", "agreed_limits", "share")} for q in limits]}

@@ -15,6 +15,7 @@ from gateway.policy.schema import Policy
 from gateway.scheduling.capacity import HOLD_READS, learn, worker_slots
 from gateway.scheduling.controller import Controller
 from gateway.scheduling.queues import ClassQueue, PoolState, Waiter
+from gateway.state.replicas import Share
 from tests.fakes import live_worker
 
 
@@ -270,34 +271,33 @@ def test_standard_leaves_the_premium_reserve() -> None:
 
 
 @pytest.mark.parametrize("engine_priority", [False, True])
-def test_premium_goes_past_a_full_limit_only_to_engines_that_preempt_by_priority(engine_priority: bool) -> None:
+def test_premium_goes_past_a_full_limit_only_to_engines_that_run_it_first(engine_priority: bool) -> None:
     """An engine run with --scheduling-policy priority (the pool's engine_priority) starts premium ahead of all
-    it has waiting, so premium need not wait for a slot of this process's: one past the limit (the premium
-    reserve, at least one), and never more than the lower-class requests it can take the place of. Without
-    it, premium waits."""
+    it has waiting, so premium need not wait for a slot of this process's: it may hold up to the workers' whole
+    limit (not this process's part of it, here half), whatever lower classes hold. Without it, premium waits."""
     async def main() -> None:
         h = Harness()
+        h.worker.learned.limit = 4
+        h.controller.share = Share(0, 2)  # one of two replicas: its part of the worker is 2
         h.pool.spec = h.spec = h.spec.model_copy(update={"engine_priority": engine_priority})
-        first, second = await h.admit(h.ctx("s1")), await h.admit(h.ctx("s2"))  # the limit (2) is full
-        p1 = h.queue("p1")
+        first = await h.admit(h.ctx("s1"))
+        await h.admit(h.ctx("s2"))  # this process's part is full
+        premium = [h.queue("p1") for _ in range(5)]
+        standard = h.queue("s2")
         await settle()
         if not engine_priority:
             assert h.granted == ["s1", "s2"], "an engine that runs in order: premium waits for a slot"
-            p1.cancel()
-            return
-        assert h.granted == ["s1", "s2", "p1"], "past the limit at once: the engine runs it first"
-        p2, s3 = h.queue("p1"), h.queue("s2")
-        await settle()
-        assert h.granted == ["s1", "s2", "p1"], "one past the limit at most, and standard waits"
+        else:
+            assert h.granted == ["s1", "s2", "p1", "p1", "p1", "p1"], "premium up to the worker's whole limit"
+            assert (h.pool.premium, h.pool.granted) == (4, 6)
         h.release(first)
         await settle()
-        assert h.granted == ["s1", "s2", "p1", "p1"], "a standard one ended: the next premium goes"
-        h.release(second)
-        await settle()
-        assert h.granted == ["s1", "s2", "p1", "p1"], "nothing lower left to displace: premium is the limit"
-        assert h.pool.premium == 2 and h.pool.granted == 2
-        s3.cancel()
-        await p2
+        if not engine_priority:
+            assert h.granted == ["s1", "s2", "p1"], "a slot freed goes to premium, not standard"
+        else:
+            assert h.granted.count("p1") == 4 and h.granted.count("s2") == 1, "premium holds the whole limit"
+        for task in (*premium, standard):
+            task.cancel()
     asyncio.run(main())
 
 

@@ -189,7 +189,7 @@ class Controller:
         if tenant is not None and tenant in state.blocked_tenants(klass, total, scheduling, now):
             return False
         if klass == "premium":
-            return free > 0 or self._preempts(state, scheduling, total)
+            return free > 0 or self._premium_past_limit(state, scheduling, now)
         reserve = held_back(total, scheduling.premium_reserve)
         if klass == "standard":
             return free > reserve
@@ -197,19 +197,16 @@ class Controller:
             return False
         return free > max(reserve, held_back(total, scheduling.batch_headroom))
 
-    @staticmethod
-    def _preempts(state: PoolState, scheduling: SchedulingPolicy, total: int) -> bool:
-        """May premium go past the limit now? Only to engines that schedule by priority (``engine_priority``):
-        such an engine starts a premium request ahead of everything it has waiting (and, short of KV cache,
-        preempts lower-priority ones first), so premium past the limit waits at the head of the engine's own
-        queue for the next sequence there to end, not for one of this process's own to end: once replicas
-        split each worker's limit, a process's premium reserve is one slot of four, and two premium arrivals
-        at once waited past their deadline while the engine had room. Bounded by the premium reserve, and by
-        the lower-class requests in flight (each premium request past the limit takes the place of one)."""
+    def _premium_past_limit(self, state: PoolState, scheduling: SchedulingPolicy, now: float) -> bool:
+        """May premium go past this process's limit now? Only to engines that schedule by priority
+        (``engine_priority``): such an engine starts a premium request ahead of everything it has waiting (and,
+        short of KV cache, preempts lower-priority ones first), so premium past the limit waits at the head of
+        the engine's own queue for the next sequence there to end. Up to the workers' whole limits in premium
+        requests, not this process's part of them: once replicas split each worker's limit, a process's part
+        is two slots of four, and premium bursts waited past their deadline while the engines had room."""
         if not state.spec.engine_priority:
             return False
-        lower = state.granted - state.premium
-        return state.granted - total < min(max(1, held_back(total, scheduling.premium_reserve)), lower)
+        return state.premium < capacity(state.workers, state.spec, scheduling, now)
 
     def _predicted_wait(self, state: PoolState, klass: str, now: float) -> float | None:
         """Seconds until a new request of ``klass`` would start: the work ahead of it at the drain rate."""
