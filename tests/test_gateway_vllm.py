@@ -190,3 +190,41 @@ def test_diagnose_against_real_vllm_gives_every_check_a_reading(gateway: Proc, v
     assert {"proxy overhead", "buffering", "long prompts crowd short ones", "upstream keep-alive",
             "gateway event-loop lag", "worker queue"} <= checks, checks
     assert not re.search(r"\bnan\b", report.text(), re.IGNORECASE), report.text()
+
+
+@pytest.fixture(scope="module")
+def vllm_embedder(tiny_model: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A real vLLM CPU server of an embedding model: the tiny Llama run as a pooling model (vLLM converts it
+    with --runner pooling --convert embed; ~50 s to start)."""
+    from workers.vllm.cpu import start_vllm_cpu
+
+    server = start_vllm_cpu(model_dir=tiny_model, served_name="tiny-embed", max_model_len=512,
+                            extra_args=["--runner", "pooling", "--convert", "embed"],
+                            log_path=tmp_path_factory.mktemp("vllm-embed") / "vllm.log")
+    yield server
+    server.stop()
+
+
+def test_embeddings_from_a_real_vllm_embedding_model(vllm_embedder: Any, start_gateway: Callable[..., Proc]) -> None:
+    """The official client's embeddings through the gateway from vLLM's own pooling runner: the vectors vLLM
+    computes (the client asks for base64 and decodes it), vLLM's token count in the usage and in the ledger,
+    priced; a chat request to the embedding model is refused by the gateway, not sent."""
+    policy = policy_dict([vllm_embedder.url], model="tiny-embed")
+    policy["models"]["tiny-embed"]["kind"] = policy["models"]["other-model"]["kind"] = "embed"
+    gw = start_gateway(policy)
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=DEMO_KEY, max_retries=0)
+    texts = ["The invoice is overdue.", "Where is my parcel?"]
+    direct = httpx.post(vllm_embedder.url + "/v1/embeddings", json={"model": "tiny-embed", "input": texts},
+                        timeout=60).json()
+    answer = client.embeddings.create(model="tiny-embed", input=texts, extra_headers={"x-request-id": "vllm-embed"})
+    assert [len(d.embedding) for d in answer.data] == [len(d["embedding"]) for d in direct["data"]]
+    for got, want in zip(answer.data, direct["data"], strict=True):
+        assert got.embedding == pytest.approx(want["embedding"], rel=1e-4, abs=1e-6)
+    assert answer.usage.prompt_tokens == direct["usage"]["prompt_tokens"] > 0
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="tiny-embed", messages=[{"role": "user", "content": "hi"}])
+    assert refused.value.code == "model_not_supported"
+    [record] = ledger_records(gw.url, FINANCE_TOKEN, request_id="vllm-embed")
+    assert (record["endpoint"], record["prompt_tokens"], record["completion_tokens"]) == (
+        "embeddings", answer.usage.prompt_tokens, 0)
+    assert float(record["cost_usd"]) > 0  # type: ignore[arg-type]
