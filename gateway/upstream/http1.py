@@ -286,6 +286,7 @@ class OriginPool:
         self.on_connect = on_connect
         self.idle: collections.deque[_Connection] = collections.deque()
         self.open = 0
+        self.closing = False  # the pool was retired: connections still busy close when their answers end
         self.waiters: collections.deque[asyncio.Future[_Connection | None]] = collections.deque()
         self.loop = asyncio.get_running_loop()
 
@@ -346,7 +347,9 @@ class OriginPool:
 
     def put(self, conn: _Connection) -> None:
         """A connection free for the next request: the longest waiter's, else idle."""
-        if not self._hand(conn):
+        if self.closing:
+            conn.drop()
+        elif not self._hand(conn):
             conn.idle_since = self.loop.time()
             self.idle.append(conn)
 
@@ -374,6 +377,7 @@ class OriginPool:
             self.idle.popleft().drop()
 
     def close(self) -> None:
+        self.closing = True
         while self.idle:
             self.idle.pop().drop()
 
