@@ -161,9 +161,12 @@ async def run(url: str, key: str | None, model: str, direct: str | None = None, 
         alone_ttft = median([p.ttft for p in alone if p.ttft is not None])
         beside_ttft = median([p.ttft for p in beside if p.ttft is not None])
         if math.isnan(alone_ttft) or math.isnan(beside_ttft):
-            # seen on a tiny random-weights model: 8 tokens that decode to no text give no event to time
+            # seen on a tiny random-weights model: 8 tokens that decode to no text give no event to time; and on
+            # a busy gateway that turned the short requests away (429)
+            statuses = sorted({p.status for p in (*alone, *beside) if p.status != 200})
+            why = f"answered {', '.join(map(str, statuses))}" if statuses else "carried no text to time"
             findings.append(Finding("long prompts crowd short ones", False,
-                                    "not measured: the short answers carried no text to time"))
+                                    f"not measured: the short answers {why}"))
         else:
             findings.append(Finding(
                 "long prompts crowd short ones", beside_ttft > 2 * alone_ttft and beside_ttft - alone_ttft > 0.1,
