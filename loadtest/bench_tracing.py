@@ -12,13 +12,15 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from gateway.context import RequestContext
 from gateway.ops import tracing
 from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Policy, TracingPolicy
-from workers.process import free_port
+from workers.process import free_port, wait_ready
 
 RECEIVER = """
 import sys
@@ -27,6 +29,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers["content-length"]))
         self.send_response(200); self.send_header("content-length", "0"); self.end_headers()
+    do_GET = lambda self: (self.send_response(200), self.send_header("content-length", "0"), self.end_headers())
     def log_message(self, *args): pass
 ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 """
@@ -52,8 +55,11 @@ def main() -> None:
     parser.add_argument("--ratio", type=float, default=0.1)
     args = parser.parse_args()
     port = free_port()
-    receiver = subprocess.Popen([sys.executable, "-c", RECEIVER, str(port)])
+    log = Path(tempfile.mkdtemp()) / "receiver.log"
+    with log.open("wb") as sink:
+        receiver = subprocess.Popen([sys.executable, "-c", RECEIVER, str(port)], stdout=sink, stderr=subprocess.STDOUT)
     try:
+        wait_ready(receiver, f"http://127.0.0.1:{port}/", 10, log, "the OTLP receiver")
         policy = Policy.model_validate({"tenants": {"acme": {"tier": "standard"}}, "models": {"m": {"pool": "p"}},
                                         "pools": {"p": {"workers": ["http://10.0.0.1:8000"]}}})
         snapshot = PolicySnapshot.build(policy, "bench")
@@ -63,7 +69,6 @@ def main() -> None:
         tracer = tracing.from_config(TracingPolicy(), environ)
         assert tracer is not None
         contexts = requests(args.requests, snapshot)
-        time.sleep(0.5)  # the receiver's start (a benchmark, not a test)
         cpu, wall = time.process_time(), time.perf_counter()
         sampled = 0
         for ctx in contexts:

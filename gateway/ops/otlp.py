@@ -20,6 +20,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
@@ -214,7 +215,7 @@ def grpc_sender(endpoint: str, headers: dict[str, str], timeout_s: float, gzippe
     parts = urlsplit(endpoint if "://" in endpoint else f"//{endpoint}")
     target = parts.netloc or endpoint
     if parts.scheme == "https" or (parts.scheme != "http" and not insecure):
-        root = open(certificate, "rb").read() if certificate else None  # noqa: SIM115
+        root = Path(certificate).read_bytes() if certificate else None
         channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=root))
     else:
         channel = grpc.insecure_channel(target)

@@ -72,10 +72,9 @@ class Response:
             if self._done:
                 return b""
             await self._wait()
-        chunks, self._chunks = self._chunks, []
-        if self._size > HIGH_WATER and self._conn is not None:
-            self._conn.resume()
-        self._size = 0
+        chunks, self._chunks, self._size = self._chunks, [], 0
+        if self._conn is not None:
+            self._conn.resume()  # a no-op unless the high-water mark paused it
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def read(self) -> bytes:
@@ -83,7 +82,7 @@ class Response:
         while not self._done:
             if self._error is not None:
                 raise self._error
-            if self._size > HIGH_WATER and self._conn is not None:
+            if self._conn is not None:
                 self._conn.resume()  # the whole body is wanted: keep reading
             await self._wait()
         if self._error is not None:
