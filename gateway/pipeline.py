@@ -159,7 +159,9 @@ async def exchange(ctx: RequestContext, pool: UpstreamPool, payload: bytes, sink
                    capture: bool = False, pinned: str | None = None) -> None:
     """Dispatch to a worker (``pinned``: only that one) and relay its answer to the sink; ``relayed`` learns what
     went by."""
-    async with dispatch(ctx, pool, openai_api.PATHS[ctx.endpoint], payload, affinity, pinned) as (worker, response):
+    room = scheduler.with_room(pool.admission, ctx.snapshot.policy.scheduling)
+    async with dispatch(ctx, pool, openai_api.PATHS[ctx.endpoint], payload, affinity, pinned, room) as \
+            (worker, response):
         if ctx.stream and response.status == 200:
             first = functools.partial(scheduler.first_token, pool.admission, worker, ctx.snapshot.policy.scheduling)
             await relay_stream(ctx, worker, response, sink, relayed, usage, pool.spec.cooldown_s, capture, first)

@@ -388,3 +388,23 @@ def test_without_metrics_the_limit_is_learned_from_the_answers() -> None:
     for _ in range(5):
         answered(worker, 256, 5, 0.02, whole=True)  # whole answers: per output token
     assert worker.learned.per_token_floor == pytest.approx(0.02)
+
+
+def test_only_workers_with_a_free_slot_are_offered_to_the_router() -> None:
+    """Admission counts the pool's slots; the router must then place the request on an engine that has one
+    free, not on the one that holds its prefix while that one is at its limit (it would wait in the engine)."""
+    snap = snapshot()
+    spec, scheduling = snap.policy.pools["p"], snap.policy.scheduling
+    clock = Clock()
+    full, roomy = (live_worker(url, scraped_at=clock.now, limit=2) for url in ("http://w1", "http://w2"))
+    full.inflight = 2
+    roomy.inflight = 1
+    controller = Controller(clock=clock)
+    state = PoolState("p", [full, roomy], spec)
+    assert controller.with_room(state, scheduling) == [roomy]
+    roomy.inflight = 2
+    assert controller.with_room(state, scheduling) == [], "none has room: the router may use any"
+    controller.share = Share(0, 2)  # two gateway processes: each may use half of each worker's limit
+    roomy.inflight = 1
+    full.inflight = 0
+    assert controller.with_room(state, scheduling) == [full]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 
 from gateway.context import RequestContext
 from gateway.errors import Unavailable
@@ -25,12 +25,14 @@ from gateway.upstream.routing import in_turn, pick
 @contextlib.asynccontextmanager
 async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: bytes,
                    affinity: Affinity | None = None, pinned: str | None = None,
-                   ) -> AsyncIterator[tuple[Worker, Response]]:
+                   room: Collection[Worker] = ()) -> AsyncIterator[tuple[Worker, Response]]:
     """``async with dispatch(...) as (worker, response):`` the response head of a worker that took the request.
     The first try goes where the request's ``affinity`` says its prompt's prefix is cached (if the pool has a
     choice), a retry to the least loaded of the others.
 
     ``pinned``: the one worker that may take it (it holds the state the request continues); no retry elsewhere.
+    ``room``: the workers that can start it now (the scheduler's view): the first try goes to one of them when
+    there are any, so that neither a prefix nor a stale load figure sends it to an engine at its limit.
 
     Raises Unavailable when no worker is available, UpstreamFailed when every try failed."""
     exclude: set[Worker] = set()
@@ -39,6 +41,7 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: 
     if ctx.trace is not None:
         headers.append((b"traceparent", ctx.trace.traceparent().encode("ascii")))
     ctx.timings.dispatch_at = time.perf_counter() - ctx.timings.start
+    candidates = [w for w in pool.workers if w in room] if room else pool.workers
     for attempt in range(2):
         if pinned is not None:
             now = time.monotonic()
@@ -49,14 +52,14 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: 
                                   "or start a new conversation without previous_response_id.",
                                   "previous_response_unavailable")
         elif attempt == 0 and pool.spec.routing == "round_robin":
-            worker, ctx.route = in_turn(pool.workers), "round_robin"
+            worker, ctx.route = in_turn(pool.workers), "round_robin"  # blind, to compare routings against
         elif attempt == 0 and affinity is not None and pool.spec.routing == "prefix" and len(pool.workers) > 1:
             now = time.monotonic()
-            route = choose(pool.workers, [w for w in pool.workers if w.available(now)], affinity, pool.prefixes)
+            route = choose(pool.workers, [w for w in candidates if w.available(now)], affinity, pool.prefixes)
             worker = route.worker if route is not None else None
             ctx.route = route.describe() if route is not None else None
         else:
-            worker = pick(pool.workers, exclude)
+            worker = pick(candidates if attempt == 0 else pool.workers, exclude)
             ctx.route = "load" if len(pool.workers) > 1 else None
         if worker is None:
             break
