@@ -12,7 +12,7 @@ from gateway.errors import Shed
 from gateway.http.errors import render
 from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Policy
-from gateway.scheduling.capacity import HOLD_READS, learn, worker_slots
+from gateway.scheduling.capacity import HOLD_READS, SEQUENCE_HOLD_READS, learn, worker_slots
 from gateway.scheduling.controller import Controller
 from gateway.scheduling.queues import ClassQueue, PoolState, Waiter
 from gateway.state.replicas import Share
@@ -329,11 +329,13 @@ def test_worker_concurrency_is_learned_from_its_metrics() -> None:
     learn(worker, ceiling=64)
     assert worker.learned.limit == 16, "running 8 of 16: no need for more"
     worker.observed.running, worker.observed.waiting = 8, 3  # the engine runs 8 and queues the rest
+    worker.observed.kv_usage = 0.8  # out of KV cache for more: a limit that moves with the requests' sizes
     learn(worker, ceiling=64)
     assert worker.learned.limit == 16, "one read with requests waiting may be a request between two steps"
     learn(worker, ceiling=64)
     assert worker.learned.limit == 8, "two in a row: 8 is what it runs"
     worker.observed.running, worker.observed.waiting = 8, 0  # keeping up at its limit: not above it again at once
+    worker.observed.kv_usage = 0.5
     for _ in range(HOLD_READS):
         learn(worker, ceiling=64)
     assert worker.learned.limit == 8, "held at what the engine showed for a while"
@@ -348,6 +350,22 @@ def test_worker_concurrency_is_learned_from_its_metrics() -> None:
     assert worker_slots(worker, spec, scheduling, now=110.0) == 10, "stale metrics: the last good limit stands"
     worker.observed.kv_usage = 0.95
     assert worker_slots(worker, spec, scheduling, now=100.5) == worker.inflight, "KV nearly full: no new work"
+
+
+def test_a_sequence_cap_is_probed_rarely() -> None:
+    """An engine that queues with most of its KV cache free is at its max_num_seqs: probing above it only
+    queues a request in the engine, so it is held ten times longer than a memory-bound limit."""
+    worker = live_worker("http://w")
+    worker.observed.running, worker.observed.waiting, worker.observed.kv_usage = 4, 2, 0.2
+    learn(worker, ceiling=64)
+    learn(worker, ceiling=64)
+    assert worker.learned.limit == 4
+    worker.observed.waiting = 0
+    for _ in range(SEQUENCE_HOLD_READS):
+        learn(worker, ceiling=64)
+    assert worker.learned.limit == 4, "no probe while a memory-bound limit would have probed nine times"
+    learn(worker, ceiling=64)
+    assert worker.learned.limit == 5, "but it is probed again in the end (a limit read low recovers)"
 
 
 def test_churn_does_not_shrink_the_learned_limit() -> None:

@@ -40,6 +40,13 @@ START_LIMIT = 8
 # where a newly arrived request of any tenant or class waited behind it (measured: a quiet premium tenant's
 # TTFT p95 went from 41 ms alone to 681 ms beside a flooding one).
 HOLD_READS = 60
+# An engine that queues requests while at least half its KV cache is free is held by its sequence cap (vLLM's
+# max_num_seqs), not by memory: that limit does not move with the requests' sizes, and each probe above it puts
+# a request in the engine's queue for a whole answer's time (measured: a quiet premium tenant's request routed
+# to the probe's slot waited 618 ms for its first token, against 30 ms). It is held ten times longer (~5 min),
+# not forever: a limit read low under churn still recovers.
+SEQUENCE_BOUND_KV = 0.5
+SEQUENCE_HOLD_READS = 10 * HOLD_READS
 
 
 
@@ -66,7 +73,7 @@ def learn(worker: Worker, ceiling: int, wanted: bool = False) -> None:
     if observed.waiting > 0:
         if learned.queued_reads:
             current = max(1, int(max(learned.recent_running)))
-            learned.hold_reads = HOLD_READS
+            learned.hold_reads = SEQUENCE_HOLD_READS if observed.kv_usage <= SEQUENCE_BOUND_KV else HOLD_READS
             learned.limit_found = True
         learned.queued_reads += 1
     else:
