@@ -45,6 +45,24 @@ def test_the_same_prefix_goes_where_it_went_until_that_worker_is_too_busy() -> N
     assert back is not None and back.worker in down
 
 
+def test_a_cached_prefix_may_wait_for_its_worker_but_a_new_one_goes_where_there_is_room() -> None:
+    workers = [live_worker(f"http://w{i}") for i in range(2)]
+    index = PrefixIndex()
+    home = choose(workers, workers, of_request(chat("q1")), index)  # type: ignore[arg-type]
+    assert home is not None
+    other = next(w for w in workers if w is not home.worker)
+    home.worker.inflight, other.inflight = 2, 1  # the home is at its limit; the other has a slot free
+    cached = choose(workers, workers, of_request(chat("q2")), index, room=[other])  # type: ignore[arg-type]
+    assert cached is not None and cached.worker is home.worker and cached.how == "prefix", \
+        "the prefill its cache saves is worth a short wait there"
+    for t in range(8):  # prompts nobody holds: whichever worker they hash to, they go to the one with room
+        fresh = choose(workers, workers, of_request(chat("q", system=f"tenant {t} " * 30)), PrefixIndex(),
+                       room=[other])  # type: ignore[arg-type]
+        assert fresh is not None and fresh.worker is other
+    anywhere = choose(workers, workers, of_request(chat("q", system="t " * 90)), PrefixIndex(), room=[])  # type: ignore
+    assert anywhere is not None, "no room anywhere: any available worker (premium past the limit)"
+
+
 def test_a_new_prefix_and_a_conversation_hash_alike_in_every_process() -> None:
     workers = [live_worker(f"http://w{i}") for i in range(4)]
     homes = {choose(workers, workers, of_request(chat("q", system=f"tenant {t} " * 30)),  # type: ignore[arg-type]

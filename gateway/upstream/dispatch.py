@@ -32,7 +32,8 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: 
 
     ``pinned``: the one worker that may take it (it holds the state the request continues); no retry elsewhere.
     ``room``: the workers that can start it now (the scheduler's view): the first try goes to one of them when
-    there are any, so that neither a prefix nor a stale load figure sends it to an engine at its limit.
+    there are any, so that a stale load figure does not send it to an engine at its limit (a prefix cached on
+    one may still go there: see affinity.choose).
 
     Raises Unavailable when no worker is available, UpstreamFailed when every try failed."""
     exclude: set[Worker] = set()
@@ -55,7 +56,8 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: 
             worker, ctx.route = in_turn(pool.workers), "round_robin"  # blind, to compare routings against
         elif attempt == 0 and affinity is not None and pool.spec.routing == "prefix" and len(pool.workers) > 1:
             now = time.monotonic()
-            route = choose(pool.workers, [w for w in candidates if w.available(now)], affinity, pool.prefixes)
+            route = choose(pool.workers, [w for w in pool.workers if w.available(now)], affinity, pool.prefixes,
+                           room)
             worker = route.worker if route is not None else None
             ctx.route = route.describe() if route is not None else None
         else:
