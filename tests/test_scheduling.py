@@ -238,6 +238,51 @@ def test_a_flooding_tenant_leaves_a_slot_for_another_active_tenant() -> None:
     asyncio.run(main())
 
 
+def test_the_slots_left_free_follow_how_much_the_quiet_tenant_overlaps_itself() -> None:
+    async def main() -> None:
+        h = Harness(tenant_headroom=0.5)
+        h.worker.learned.limit = 8
+        # the quiet tenant's habit: a third request while two still run (three overlapping, three times)
+        for _ in range(3):
+            held = [await h.admit(h.ctx("s2")) for _ in range(3)]
+            for ctx in held:
+                h.release(ctx)
+        assert h.pool.demand["s2"] == 3
+        flood = [h.queue("s1") for _ in range(12)]
+        await settle()
+        assert h.pool.held == {"s1": 5}, "three slots left free: what the quiet tenant runs at once"
+        quiet = [h.queue("s2") for _ in range(3)]
+        await settle()
+        assert all(t.done() for t in quiet), "all three of its overlapping requests start at once"
+        h.release(next(t for t in flood if t.done()).result())
+        await settle()
+        assert h.pool.held == {"s1": 4, "s2": 3}, "its slots stay its own while it uses them"
+        for task in quiet:
+            h.release(task.result())
+        await settle()
+        assert h.pool.held == {"s1": 5}, "what it gave back goes to the flood, less its demand"
+        for task in flood:
+            task.cancel()
+    asyncio.run(main())
+
+
+def test_the_slots_left_free_for_quiet_tenants_are_capped() -> None:
+    async def main() -> None:
+        h = Harness(tenant_headroom=0.25)
+        h.worker.learned.limit = 8
+        for _ in range(3):
+            held = [await h.admit(h.ctx("s2")) for _ in range(4)]
+            for ctx in held:
+                h.release(ctx)
+        assert h.pool.demand["s2"] == 4  # its fair share (4 of 8): more would not be reserved anyway
+        flood = [h.queue("s1") for _ in range(12)]
+        await settle()
+        assert h.pool.held == {"s1": 6}, "at most a quarter of the slots is held back"
+        for task in flood:
+            task.cancel()
+    asyncio.run(main())
+
+
 def test_full_queues_shed_the_lowest_class_first() -> None:
     async def main() -> None:
         h = Harness(max_queued_bytes=1024)

@@ -89,6 +89,8 @@ class Controller:
             raise Unavailable(f"No healthy worker serves the model '{ctx.model}' right now.", "upstream_unavailable")
         tenant = ctx.tenant.name if ctx.tenant else ""
         state.seen[(klass, tenant)] = now
+        if scheduling.tenant_headroom:
+            state.arrived(tenant)
         if self._fits_now(state, scheduling, klass, now, tenant=tenant):
             state.take(tenant, klass)
             return
