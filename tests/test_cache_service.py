@@ -16,6 +16,7 @@ from gateway.fleet.worker import Worker
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.loader import TenantView
 from gateway.policy.schema import CachePolicy
+from gateway.upstream.http1 import Client
 
 TENANT = TenantView("acme", "standard", None, 512, 4096, "clamp")
 SPEC = CachePolicy(enabled=True)
@@ -109,8 +110,6 @@ def test_writes_during_a_store_outage_are_replayed_once_per_request() -> None:
 
 def test_one_late_health_check_does_not_drop_a_worker() -> None:
     async def main() -> None:
-        import aiohttp
-
         slow = asyncio.Event()
 
         async def health(request: web.Request) -> web.Response:
@@ -129,20 +128,21 @@ def test_one_late_health_check_does_not_drop_a_worker() -> None:
         await site.start()
         url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
         worker = Worker(url, "p")
-        timeout = aiohttp.ClientTimeout(total=0.2)
-        async with aiohttp.ClientSession() as session:
-            await scrape(worker, session, timeout, unhealthy_after=3)
-            assert worker.observed.healthy
-            slow.set()
-            for n in (1, 2):
-                await scrape(worker, session, timeout, unhealthy_after=3)
-                assert worker.observed.healthy and worker.observed.failed_checks == n
-            assert worker.observed.last_error and "Timeout" in worker.observed.last_error, "the reason is never empty"
-            await scrape(worker, session, timeout, unhealthy_after=3)
-            assert not worker.observed.healthy, "the third failure in a row leaves the worker out"
-            slow.clear()
-            await scrape(worker, session, timeout, unhealthy_after=3)
-            assert worker.observed.healthy and worker.observed.failed_checks == 0
+        timeout = 0.2
+        client = Client(2, 60.0, timeout, timeout)
+        await scrape(worker, client, timeout, unhealthy_after=3)
+        assert worker.observed.healthy
+        slow.set()
+        for n in (1, 2):
+            await scrape(worker, client, timeout, unhealthy_after=3)
+            assert worker.observed.healthy and worker.observed.failed_checks == n
+        assert worker.observed.last_error and "Timeout" in worker.observed.last_error, "the reason is never empty"
+        await scrape(worker, client, timeout, unhealthy_after=3)
+        assert not worker.observed.healthy, "the third failure in a row leaves the worker out"
+        slow.clear()
+        await scrape(worker, client, timeout, unhealthy_after=3)
+        assert worker.observed.healthy and worker.observed.failed_checks == 0
+        client.close()
         await runner.cleanup()
     asyncio.run(main())
 

@@ -24,6 +24,7 @@ from gateway.auth import hash_key
 from gateway.policy.schema import Policy
 from gateway.scheduling.capacity import worker_slots
 from gateway.state.replicas import Share
+from gateway.upstream.http1 import Client
 from loadtest import procs
 from tests.conftest import DEMO_KEY, Proc, patient, policy_dict, wait_for
 from tests.fakes import live_worker
@@ -194,9 +195,9 @@ def test_a_metrics_page_in_many_pieces_is_read_whole() -> None:
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         worker = live_worker(f"http://127.0.0.1:{port}")
-        import aiohttp
-        async with aiohttp.ClientSession() as session:
-            await scrape(worker, session, aiohttp.ClientTimeout(total=5))
+        client = Client(2, 60.0, 5.0, 5.0)
+        await scrape(worker, client, 5.0)
+        client.close()
         await runner.cleanup()
         return worker.observed.running, worker.observed.waiting
 

@@ -7,9 +7,8 @@ import logging
 import time
 from collections.abc import Callable
 
-import aiohttp
-
 from gateway.fleet.worker import Worker
+from gateway.upstream.http1 import Client, UpstreamError
 
 log = logging.getLogger("tollgate.workers")
 
@@ -31,8 +30,9 @@ _FIRST = tuple({prefix.split(b":")[0].split(b"_")[0] for prefix in _GAUGES})  # 
 MAX_METRICS_BYTES = 4 * 1024 * 1024  # vLLM's is ~100 KB; a larger page is not read (a broken exporter)
 PARSE_ON_LOOP_BYTES = 256 * 1024
 METRICS_BACKOFF_MAX_S = 30.0  # a /metrics that is missing, too large or unknown is retried after 1, 2, 4 ... 30 s
-_TRANSIENT = ("TimeoutError", "ServerTimeoutError", "SocketTimeoutError", "ClientConnectorError",
-              "ServerDisconnectedError", "ClientOSError")  # a slow or dropped read: read again next round
+MAX_HEALTH_BYTES = 64 * 1024
+# a slow or dropped read: read again next round (the class names describe() puts first)
+_TRANSIENT = ("TimeoutError", "ReadTimeout", "ConnectFailed", "Disconnected")
 
 
 def cool_down(worker: Worker, reason: str, cooldown_s: float) -> None:
@@ -71,8 +71,25 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-async def scrape(worker: Worker, session: aiohttp.ClientSession, request_timeout: aiohttp.ClientTimeout,
-                 unhealthy_after: int = 1) -> None:
+async def get(client: Client, url: str, path: str, timeout_s: float, limit: int) -> tuple[int, bytes | None]:
+    """GET ``path`` from the worker at ``url`` within ``timeout_s``: the status and the whole body (None when it is
+    over ``limit`` bytes: the rest is not read, and the connection is dropped)."""
+    async with asyncio.timeout(timeout_s):
+        response = await client.request(b"GET", url, path)
+        try:
+            parts, size = [], 0
+            while chunk := await response.readany():
+                size += len(chunk)
+                if size > limit:
+                    return response.status, None
+                parts.append(chunk)
+            response.release()
+        finally:
+            response.close()  # a no-op once released; drops a connection left mid-body
+    return response.status, parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def scrape(worker: Worker, client: Client, timeout_s: float, unhealthy_after: int = 1) -> None:
     """One health check, then one metrics read. Only /health decides whether a worker is in routing: it leaves
     after ``unhealthy_after`` consecutive failures (one late answer does not drop a healthy worker; a failed
     real request still cools it down at once). /metrics is a refinement: an engine that has none (404), whose
@@ -80,11 +97,10 @@ async def scrape(worker: Worker, session: aiohttp.ClientSession, request_timeout
     the requests it answers (gateway.scheduling.capacity)."""
     observed = worker.observed
     try:
-        async with session.get(worker.url + "/health", timeout=request_timeout) as health:
-            await health.read()
-            if health.status != 200:
-                raise RuntimeError(f"/health answered {health.status}")
-    except (aiohttp.ClientError, TimeoutError, RuntimeError) as exc:
+        status, _ = await get(client, worker.url, "/health", timeout_s, MAX_HEALTH_BYTES)
+        if status != 200:
+            raise RuntimeError(f"/health answered {status}")
+    except (UpstreamError, TimeoutError, RuntimeError) as exc:
         observed.failed_checks += 1
         observed.last_error = describe(exc)
         if observed.healthy and observed.failed_checks >= unhealthy_after:
@@ -100,7 +116,7 @@ async def scrape(worker: Worker, session: aiohttp.ClientSession, request_timeout
     now = time.monotonic()
     if now < observed.metrics_next:
         return  # a /metrics that keeps failing is read less and less often (it may be what hurts the engine)
-    load = await _read_load(worker, session, request_timeout)
+    load = await _read_load(worker, client, timeout_s)
     if load is None:  # the last good reading stands, and ages: capacity falls back to the request stream
         observed.metrics_failures += 1
         if not observed.metrics_error.startswith(_TRANSIENT):  # type: ignore[union-attr]
@@ -113,25 +129,19 @@ async def scrape(worker: Worker, session: aiohttp.ClientSession, request_timeout
     observed.scraped_at = time.monotonic()
 
 
-async def _read_load(worker: Worker, session: aiohttp.ClientSession,
-                     request_timeout: aiohttp.ClientTimeout) -> dict[str, float] | None:
+async def _read_load(worker: Worker, client: Client, timeout_s: float) -> dict[str, float] | None:
     """The load gauges, or None when /metrics gives none (missing, failing, slow, too large, or unknown)."""
     observed = worker.observed
     try:
-        async with session.get(worker.url + "/metrics", timeout=request_timeout) as metrics:
-            if metrics.status != 200:
-                observed.metrics_error = f"/metrics answered {metrics.status}"
-                return None
-            parts, size = [], 0
-            while chunk := await metrics.content.read(64 * 1024):  # read() gives what has come, not all
-                parts.append(chunk)
-                size += len(chunk)
-                if size > MAX_METRICS_BYTES:
-                    observed.metrics_error = f"/metrics is over {MAX_METRICS_BYTES} bytes"
-                    return None
-            text = b"".join(parts)
-    except (aiohttp.ClientError, TimeoutError) as exc:
+        status, text = await get(client, worker.url, "/metrics", timeout_s, MAX_METRICS_BYTES)
+    except (UpstreamError, TimeoutError) as exc:
         observed.metrics_error = describe(exc)
+        return None
+    if status != 200:
+        observed.metrics_error = f"/metrics answered {status}"
+        return None
+    if text is None:
+        observed.metrics_error = f"/metrics is over {MAX_METRICS_BYTES} bytes"
         return None
     load = parse_load(text) if len(text) <= PARSE_ON_LOOP_BYTES else await asyncio.to_thread(parse_load, text)
     if "running" not in load and "waiting" not in load:
@@ -152,9 +162,9 @@ def idle(workers: list[Worker]) -> bool:
     return all(w.inflight == 0 and w.observed.running == 0 and w.observed.waiting == 0 for w in workers)
 
 
-async def scrape_forever(workers: list[Worker], session: aiohttp.ClientSession, request_timeout: aiohttp.ClientTimeout,
-                         interval: float, unhealthy_after: int, after_round: Callable[[], None]) -> None:
+async def scrape_forever(workers: list[Worker], client: Client, timeout_s: float, interval: float,
+                         unhealthy_after: int, after_round: Callable[[], None]) -> None:
     while True:
-        await asyncio.gather(*(scrape(w, session, request_timeout, unhealthy_after) for w in workers))
+        await asyncio.gather(*(scrape(w, client, timeout_s, unhealthy_after) for w in workers))
         after_round()
         await asyncio.sleep(max(interval, IDLE_SCRAPE_S) if idle(workers) else interval)

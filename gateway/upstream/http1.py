@@ -5,7 +5,7 @@ Why not aiohttp's ClientSession here: profiled under load (py-spy, 64 concurrent
 request and response objects, header multidicts, tracing signals and payload registry were ~40% of the gateway's
 event-loop CPU per request. The workers speak one dialect (a JSON POST, an answer with a length or chunked, maybe
 SSE), so the client only needs: a connection pool, one timeout for connecting and one for silence, and errors
-that say which phase failed. aiohttp still reads /health and /metrics (gateway.fleet.observe), off the hot path.
+that say which phase failed. The scraper (gateway.fleet.observe) reads /health and /metrics with it too.
 """
 
 from __future__ import annotations
