@@ -247,7 +247,7 @@ def test_the_slots_left_free_follow_how_much_the_quiet_tenant_overlaps_itself() 
             held = [await h.admit(h.ctx("s2")) for _ in range(3)]
             for ctx in held:
                 h.release(ctx)
-        assert h.pool.demand["s2"] == 3
+        assert h.pool.demand("s2") == 3
         flood = [h.queue("s1") for _ in range(12)]
         await settle()
         assert h.pool.held == {"s1": 5}, "three slots left free: what the quiet tenant runs at once"
@@ -274,7 +274,7 @@ def test_the_slots_left_free_for_quiet_tenants_are_capped() -> None:
             held = [await h.admit(h.ctx("s2")) for _ in range(4)]
             for ctx in held:
                 h.release(ctx)
-        assert h.pool.demand["s2"] == 4  # its fair share (4 of 8): more would not be reserved anyway
+        assert h.pool.demand("s2") == 4  # its fair share (4 of 8): more would not be reserved anyway
         flood = [h.queue("s1") for _ in range(12)]
         await settle()
         assert h.pool.held == {"s1": 6}, "at most a quarter of the slots is held back"

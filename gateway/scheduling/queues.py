@@ -107,7 +107,6 @@ class PoolState:
     seen: dict[tuple[str, str], float] = field(default_factory=dict)  # (class, tenant) -> when it last asked
     overlaps: dict[str, collections.deque[int]] = field(default_factory=dict)  # tenant -> its own in flight at
     # each of its recent arrivals
-    demand: dict[str, int] = field(default_factory=dict)  # tenant -> slots it needs to start at once, 19 times in 20
     queues: dict[str, ClassQueue] = field(default_factory=lambda: {t: ClassQueue() for t in TIERS})
     queued_bytes: int = 0
     completions: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=256))
@@ -127,14 +126,20 @@ class PoolState:
             self.held.pop(tenant, None)
 
     def arrived(self, tenant: str) -> None:
-        """A request of ``tenant`` asks for a slot: note how many of its own it already has in flight, and
-        from the last few arrivals, how many slots it needs so that 19 in 20 of them start at once."""
+        """A request of ``tenant`` asks for a slot: note how many of its own it already has in flight."""
         overlaps = self.overlaps.get(tenant)
         if overlaps is None:
             overlaps = self.overlaps[tenant] = collections.deque(maxlen=ARRIVALS_KEPT)
         overlaps.append(self.held.get(tenant, 0))
+
+    def demand(self, tenant: str) -> int:
+        """The slots ``tenant`` needs so that 19 of 20 of its requests start at once, read from its recent
+        arrivals (1 with none). Computed only when a pool is nearly full (blocked_tenants), not per request."""
+        overlaps = self.overlaps.get(tenant)
+        if not overlaps:
+            return 1
         ranked = sorted(overlaps)
-        self.demand[tenant] = ranked[math.ceil(0.95 * len(ranked)) - 1] + 1
+        return ranked[math.ceil(0.95 * len(ranked)) - 1] + 1
 
     def blocked_tenants(self, klass: str, total: int, scheduling: SchedulingPolicy, now: float) -> set[str]:
         """Tenants of ``klass`` that may not take the next slot: those holding at least their fair share (the
@@ -164,7 +169,7 @@ class PoolState:
             if held >= fair:
                 heavy.add(tenant)
             else:
-                reserve += max(0, min(self.demand.get(tenant, 1), math.ceil(fair)) - held)
+                reserve += max(0, min(self.demand(tenant), math.ceil(fair)) - held)
         return heavy if free_after < min(max(1, reserve), cap) else set()
 
     def drain_rate(self, now: float, window: float = 10.0) -> float:
