@@ -24,8 +24,12 @@ from loadtest.procs import start_gateway, start_sim
 from loadtest.runner import run
 os.sched_setaffinity(0, {0})
 tmp = Path(tempfile.mkdtemp())
-sim = start_sim(tmp, "--zero-delay", cpu=0)
-gw = start_gateway(tmp, policy(sim.url), cpu=1)
+sims = [start_sim(tmp, "--zero-delay", cpu=0) for _ in range(int(os.environ.get("BENCH_AB_WORKERS", "1")))]
+pol = policy(sims[0].url)
+pol["pools"]["p"]["workers"] = [s.url for s in sims]
+if os.environ.get("BENCH_AB_ROUTING"):
+    pol["pools"]["p"]["routing"] = os.environ["BENCH_AB_ROUTING"]
+gw = start_gateway(tmp, pol, cpu=1)
 out = {"stream": [], "plain": []}
 try:
     for kind, stream, tokens in (("stream", True, 64), ("plain", False, 16)):
@@ -36,7 +40,8 @@ try:
             out[kind].append((gw.cpu_seconds() - before) / len(result.results) * 1000)
 finally:
     gw.kill()
-    sim.kill()
+    for sim in sims:
+        sim.kill()
 print(json.dumps(out))
 """
 
@@ -59,12 +64,19 @@ def main() -> None:
     parser.add_argument("--new-env", action="append", default=[], metavar="NAME=VALUE",
                         help="an environment variable for the new checkout's gateways only (e.g. OTEL_* to measure "
                              "tracing on against off in one checkout)")
+    parser.add_argument("--old-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="the same for the old checkout's gateways")
+    parser.add_argument("--workers", type=int, default=1, help="simulated workers in the pool (routing between "
+                        "them, e.g. prefix affinity, runs only with more than one; BENCH_AB_ROUTING=load|prefix|"
+                        "round_robin in --old-env/--new-env sets each arm's)")
     args = parser.parse_args()
-    new_env = dict(item.split("=", 1) for item in args.new_env)
+    shared = {"BENCH_AB_WORKERS": str(args.workers)}
+    new_env = {**shared, **dict(item.split("=", 1) for item in args.new_env)}
+    old_env = {**shared, **dict(item.split("=", 1) for item in args.old_env)}
     runs: dict[str, dict[str, list[float]]] = {"old": {"stream": [], "plain": []}, "new": {"stream": [], "plain": []}}
     for _ in range(args.starts):
         for name, checkout in (("old", args.old), ("new", args.new)):
-            result = one_start(checkout.resolve(), args.seconds, new_env if name == "new" else None)
+            result = one_start(checkout.resolve(), args.seconds, new_env if name == "new" else old_env)
             for kind, values in result.items():
                 runs[name][kind] += values
             print(name, {k: [round(v, 2) for v in vs] for k, vs in result.items()}, flush=True)
