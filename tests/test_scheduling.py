@@ -67,6 +67,13 @@ class Harness:
     def queue(self, tenant: str, klass: str | None = None, **kw: Any) -> asyncio.Task[RequestContext]:
         return asyncio.ensure_future(self.admit(self.ctx(tenant, klass), **kw))
 
+    async def overlapping(self, tenant: str, at_once: int, times: int = 3) -> None:
+        """A tenant's habit: ``at_once`` requests running together, ``times`` times."""
+        for _ in range(times):
+            held = [await self.admit(self.ctx(tenant)) for _ in range(at_once)]
+            for ctx in held:
+                self.release(ctx)
+
 
 async def settle() -> None:
     for _ in range(5):
@@ -242,11 +249,7 @@ def test_the_slots_left_free_follow_how_much_the_quiet_tenant_overlaps_itself() 
     async def main() -> None:
         h = Harness(tenant_headroom=0.5)
         h.worker.learned.limit = 8
-        # the quiet tenant's habit: a third request while two still run (three overlapping, three times)
-        for _ in range(3):
-            held = [await h.admit(h.ctx("s2")) for _ in range(3)]
-            for ctx in held:
-                h.release(ctx)
+        await h.overlapping("s2", 3)  # the quiet tenant's habit: a third request while two still run
         assert h.pool.demand("s2") == 3
         flood = [h.queue("s1") for _ in range(12)]
         await settle()
@@ -270,10 +273,7 @@ def test_the_slots_left_free_for_quiet_tenants_are_capped() -> None:
     async def main() -> None:
         h = Harness(tenant_headroom=0.25)
         h.worker.learned.limit = 8
-        for _ in range(3):
-            held = [await h.admit(h.ctx("s2")) for _ in range(4)]
-            for ctx in held:
-                h.release(ctx)
+        await h.overlapping("s2", 4)
         assert h.pool.demand("s2") == 4  # its fair share (4 of 8): more would not be reserved anyway
         flood = [h.queue("s1") for _ in range(12)]
         await settle()
