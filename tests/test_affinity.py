@@ -52,14 +52,14 @@ def test_a_cached_prefix_may_wait_for_its_worker_but_a_new_one_goes_where_there_
     assert home is not None
     other = next(w for w in workers if w is not home.worker)
     home.worker.inflight, other.inflight = 2, 1  # the home is at its limit; the other has a slot free
-    cached = choose(workers, workers, of_request(chat("q2")), index, room=[other])  # type: ignore[arg-type]
+    cached = choose(workers, workers, of_request(chat("q2")), index, room={other})  # type: ignore[arg-type]
     assert cached is not None and cached.worker is home.worker and cached.how == "prefix", \
         "the prefill its cache saves is worth a short wait there"
     for t in range(8):  # prompts nobody holds: whichever worker they hash to, they go to the one with room
         fresh = choose(workers, workers, of_request(chat("q", system=f"tenant {t} " * 30)), PrefixIndex(),
-                       room=[other])  # type: ignore[arg-type]
+                       room={other})  # type: ignore[arg-type]
         assert fresh is not None and fresh.worker is other
-    anywhere = choose(workers, workers, of_request(chat("q", system="t " * 90)), PrefixIndex(), room=[])  # type: ignore
+    anywhere = choose(workers, workers, of_request(chat("q", system="t " * 90)), PrefixIndex(), room=set())  # type: ignore
     assert anywhere is not None, "no room anywhere: any available worker (premium past the limit)"
 
 

@@ -464,10 +464,11 @@ def test_only_workers_with_a_free_slot_are_offered_to_the_router() -> None:
     roomy.inflight = 1
     controller = Controller(clock=clock)
     state = PoolState("p", [full, roomy], spec)
-    assert controller.with_room(state, scheduling) == [roomy]
+    assert controller.with_room(state, scheduling) == {roomy}
     roomy.inflight = 2
-    assert controller.with_room(state, scheduling) == [], "none has room: the router may use any"
+    assert controller.with_room(state, scheduling) == set(), "none has room: the router may use any"
     controller.share = Share(0, 2)  # two gateway processes: each may use half of each worker's limit
     roomy.inflight = 1
     full.inflight = 0
-    assert controller.with_room(state, scheduling) == [full]
+    assert controller.with_room(state, scheduling) == {full}
+    assert controller.with_room(PoolState("p", [full], spec), scheduling) == set(), "one worker: nothing to choose"

@@ -199,15 +199,17 @@ class Controller:
             return False
         return free > max(reserve, held_back(total, scheduling.batch_headroom))
 
-    def with_room(self, state: PoolState, scheduling: SchedulingPolicy) -> list[Worker]:
+    def with_room(self, state: PoolState, scheduling: SchedulingPolicy) -> set[Worker]:
         """The pool's workers that can start one more request now (they hold fewer than their limit), for the
         router to choose among: admission counts the pool's slots, and a worker chosen for its prefix or its
         load alone may be one already at its limit, where the request waits in the engine's own queue for a
         sequence to end while another engine has a slot free (measured: a quiet premium tenant's TTFT 216 and
         344 ms beside a flood, 0.1 ms of it in the gateway's queue). Empty when none can (premium past the limit
-        on engines that schedule by priority): then any available worker."""
+        on engines that schedule by priority), or with one worker (nothing to choose): then any available one."""
+        if len(state.workers) < 2:
+            return set()
         now = self.clock()
-        return [w for w in state.workers if w.inflight < worker_slots(w, state.spec, scheduling, now, self.share)]
+        return {w for w in state.workers if w.inflight < worker_slots(w, state.spec, scheduling, now, self.share)}
 
     def _premium_past_limit(self, state: PoolState, scheduling: SchedulingPolicy, now: float) -> bool:
         """May premium go past this process's limit now? Only to engines that schedule by priority
