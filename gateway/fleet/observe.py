@@ -71,7 +71,7 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-async def get(client: Client, url: str, path: str, timeout_s: float, limit: int) -> tuple[int, bytes | None]:
+async def read_page(client: Client, url: str, path: str, timeout_s: float, limit: int) -> tuple[int, bytes | None]:
     """GET ``path`` from the worker at ``url`` within ``timeout_s``: the status and the whole body (None when it is
     over ``limit`` bytes: the rest is not read, and the connection is dropped)."""
     async with asyncio.timeout(timeout_s):
@@ -97,7 +97,7 @@ async def scrape(worker: Worker, client: Client, timeout_s: float, unhealthy_aft
     the requests it answers (gateway.scheduling.capacity)."""
     observed = worker.observed
     try:
-        status, _ = await get(client, worker.url, "/health", timeout_s, MAX_HEALTH_BYTES)
+        status, _ = await read_page(client, worker.url, "/health", timeout_s, MAX_HEALTH_BYTES)
         if status != 200:
             raise RuntimeError(f"/health answered {status}")
     except (UpstreamError, TimeoutError, RuntimeError) as exc:
@@ -133,7 +133,7 @@ async def _read_load(worker: Worker, client: Client, timeout_s: float) -> dict[s
     """The load gauges, or None when /metrics gives none (missing, failing, slow, too large, or unknown)."""
     observed = worker.observed
     try:
-        status, text = await get(client, worker.url, "/metrics", timeout_s, MAX_METRICS_BYTES)
+        status, text = await read_page(client, worker.url, "/metrics", timeout_s, MAX_METRICS_BYTES)
     except (UpstreamError, TimeoutError) as exc:
         observed.metrics_error = describe(exc)
         return None
