@@ -2,9 +2,10 @@
 
 Run-to-run spread on this shared machine is about ±25%, larger than most changes to the request path, so a
 before/after claim needs both gateways measured side by side: each start runs a zero-delay simulated worker
-and the gateway of one checkout (gateway on CPU 1, worker and client on CPU 0), then three closed-loop runs at
-c=1 of 64-token streams and of plain 16-token chats; starts alternate between the checkouts. Prints every
-run and the medians. A checkout is a directory with this repository's layout (e.g. `git worktree add`).
+(``--workers N``: N of them, for routing between workers) and the gateway of one checkout (gateway on CPU 1,
+workers and client on CPU 0), then three closed-loop runs at c=1 of 64-token streams and of plain 16-token
+chats; starts alternate between the checkouts. Prints every run and the medians. A checkout is a directory with
+this repository's layout (e.g. `git worktree add`).
 """
 
 from __future__ import annotations

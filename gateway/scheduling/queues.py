@@ -149,9 +149,9 @@ class PoolState:
 
         So a quiet tenant starts at once beside a flooding one, and the free slots it needs follow what it
         does: a tenant at 1 req/s of 0.8 s answers overlaps itself (has 2 in flight when the next one comes)
-        about one arrival in seven; one free slot made its TTFT p95 6.3x what it had alone, because its
-        second request waited for the flood's next release (loadtest/RESULTS.md). A lone tenant is never
-        blocked, and nothing is held back while the pool has more than the cap free."""
+        about one arrival in seven (Poisson arithmetic); one free slot made its TTFT p95 6.3x what it had
+        alone, because its second request waited for the flood's next release (loadtest/RESULTS.md). A lone
+        tenant is never blocked, and nothing is held back while the pool has more than the cap free."""
         if not scheduling.tenant_headroom:
             return set()
         free_after = total - self.granted - 1
