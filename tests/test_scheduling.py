@@ -346,6 +346,37 @@ def test_premium_goes_past_a_full_limit_only_to_engines_that_run_it_first(engine
     asyncio.run(main())
 
 
+def test_premium_still_queued_at_half_its_deadline_goes_past_this_process_s_part() -> None:
+    """On an engine that runs in arrival order, premium that has waited half its longest wait for a slot of this
+    process's part takes one past it, up to the workers' whole limit in premium requests: the other replicas'
+    parts may be free, and if not, the engine holds nothing else waiting (every other class stays within the
+    limit), so it starts at the next end of any of the engine's sequences. Its latency teaches the limit
+    nothing. Beyond the whole limit it waits, and is shed at its deadline."""
+    async def main() -> None:
+        h = Harness(tiers={"premium": {"max_queue_wait_ms": 400}})
+        h.worker.learned.limit = 4
+        h.controller.share = Share(0, 2)  # one of two replicas: its part of the worker is 2
+        running = [await h.admit(h.ctx("s1")), await h.admit(h.ctx("s2"))]  # this process's part is full
+        standard = h.queue("s2")
+        premium = [h.queue("p1") for _ in range(5)]
+        await settle()
+        assert h.granted == ["s1", "s2"], "premium first waits for a slot of this process's own"
+        spilled = await asyncio.gather(*premium[:4])
+        assert h.granted == ["s1", "s2", "p1", "p1", "p1", "p1"], "then past the part, up to the whole limit"
+        assert all(ctx.past_limit for ctx in spilled) and (h.pool.premium, h.pool.granted) == (4, 6)
+        assert not standard.done(), "standard still waits for a slot within the part"
+        with pytest.raises(Shed) as caught:
+            await premium[4]
+        assert caught.value.reason == "deadline", "the fifth would pass the whole limit: it waits, then is shed"
+        for ctx in (*spilled, *running):
+            h.release(ctx)
+        await settle()
+        assert standard.done() and not standard.result().past_limit
+        h.release(standard.result())
+        assert (h.pool.premium, h.pool.granted, h.controller.tenant_inflight) == (0, 0, {})
+    asyncio.run(main())
+
+
 def test_a_request_may_ask_for_a_lower_class_never_a_higher_one() -> None:
     from gateway.pipeline import lower_class
 

@@ -37,6 +37,9 @@ _DEADLINE_MARGIN_S = 0.01
 # A class's longest queue wait, as a share of its TTFT p95 objective: the rest is left for prefill and the first
 # token (tens of milliseconds on these workers; the sources' scale-out bar is the same 80%).
 DEADLINE_SHARE = 0.8
+# A premium request still queued after this share of its longest wait goes past this process's part of the
+# limit (Controller._spilled): half leaves the other half for the engine's next sequence to end.
+SPILL_SHARE = 0.5
 
 
 class Controller:
@@ -109,11 +112,15 @@ class Controller:
         state.queues[klass].push(waiter)
         state.queued_bytes += size
         self.dispatch(state, scheduling)  # a free slot that the tenants ahead may not take can be this one's
+        # a little before the deadline, so that a grant racing the timer still starts within it
+        deadline_at = asyncio.get_running_loop().time() + max(0.0, deadline_s - _DEADLINE_MARGIN_S)
         try:
-            # a little before the deadline, so that a grant racing the timer still starts within it. (The future
-            # is awaited as it is: a timeout or a cancellation cancels it unless it was granted first, which the
-            # handlers below read; wait_for with shield cost two more futures and a task step per queued request.)
-            async with asyncio.timeout(max(0.0, deadline_s - _DEADLINE_MARGIN_S)):
+            if klass == "premium" and await self._spilled(state, scheduling, waiter, deadline_s * SPILL_SHARE):
+                return
+            # (The future is awaited as it is: a timeout or a cancellation cancels it unless it was granted first,
+            # which the handlers below read; wait_for with shield cost two more futures and a task step per queued
+            # request.)
+            async with asyncio.timeout_at(deadline_at):
                 await waiter.future
         except Shed:  # displaced by higher-priority work (see _make_room)
             raise
@@ -130,6 +137,32 @@ class Controller:
             else:
                 self._forget(state, waiter)
             raise
+
+    async def _spilled(self, state: PoolState, scheduling: SchedulingPolicy, waiter: Waiter, after_s: float) -> bool:
+        """Wait ``after_s`` for a grant; still waiting then, take a slot past this process's part of the limit
+        when the premium requests held stay within the workers' whole limits (True: it took one; it goes to an
+        engine that is full, and starts there at the next end of any of its sequences).
+
+        Why: this process's part of a worker is what it may fill, not what the worker has free. With two
+        replicas a part of two 4-slot workers is 4 slots, and a burst of premium at one replica waited for one
+        of its own four answers to end, past the deadline, while the other replica's reserved slot stood free
+        (measured: 6 of 244 premium shed at 2x overload). Past the part it lands in the other replica's free
+        slot, or, when the engine is full too, at the head of its queue: an engine that runs in arrival order
+        holds nothing else waiting, since the gateway keeps every other class within the limit, so the wait
+        there is for the next of all the engine's sequences to end, not of this process's share of them.
+        Not at once: while this process's own answers end soon enough, waiting here chooses the first worker
+        to free a slot instead of committing to one."""
+        try:
+            async with asyncio.timeout(after_s):
+                await asyncio.shield(waiter.future)
+        except TimeoutError:
+            pass
+        if waiter.future.done() or state.premium >= capacity(state.workers, state.spec, scheduling, self.clock()):
+            return False
+        self._forget(state, waiter)
+        state.take(waiter.tenant, waiter.ctx.service_class)
+        waiter.ctx.past_limit = True
+        return True
 
     def dispatch(self, state: PoolState, scheduling: SchedulingPolicy) -> None:
         """Grant queued requests while capacity allows, in priority order (skipping tenants at their cap)."""
@@ -160,7 +193,7 @@ class Controller:
         ceiling = state.spec.max_inflight_per_worker
         if isinstance(ended, UpstreamFailed):
             failed(worker, ceiling)
-        elif ended is None and not ctx.stream and ctx.timings.ttft is not None:
+        elif ended is None and not ctx.stream and ctx.timings.ttft is not None and not ctx.past_limit:
             engine = ctx.timings.ttft - (ctx.timings.queue_wait or 0.0)
             answered(worker, ceiling, worker.inflight + 1, engine / max(1, ctx.completion_tokens or 0), whole=True)
 
