@@ -1,12 +1,12 @@
 """Shared prefixes: prefix-aware routing against least-loaded and round-robin (python -m loadtest.bench_prefix).
 
-Four simulated workers with prefix caching (each KV cache holds the system prompts of about two tenants
-beside the running requests). Eight tenants, each with a ~400-token system prompt, hold multi-turn
-conversations (a turn sends the system prompt, the history so far and a new question), offered in an open
-loop at about 80% of what the workers prefill and decode. The same seeded workload goes through the gateway
-once per routing mode (``pools.<p>.routing``). Prints per mode: the workers' own prefix-cache hit rate
-(vllm:prefix_cache_hits / queries), the prompt tokens they prefilled, TTFT p50/p95, answers per second, and
-the busiest worker's share of the requests against the mean.
+Four simulated workers with prefix caching (each KV cache holds the system prompts of about two tenants beside the
+running requests; ``--kv-blocks`` makes a pool of engines that differ in memory). Eight tenants, each with a
+~400-token system prompt, hold multi-turn conversations (a turn sends the system prompt, the history so far and a new
+question), offered in an open loop at about 80% of what the workers prefill and decode. The same seeded workload goes
+through the gateway once per routing mode (``pools.<p>.routing``). Prints per mode: the workers' own prefix-cache hit
+rate (vllm:prefix_cache_hits / queries), the prompt tokens they prefilled, TTFT p50/p95, answers per second, and the
+busiest worker's share of the requests against the mean.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from tests.conftest import DEMO_KEY, metric_value, policy_dict
 from workers.sim.tokenizer import WORDS
 
 MODEL = "sim-llama-8b"
-WORKERS = 4
 TENANTS = 8
 SYSTEM_WORDS = 400
 
@@ -92,16 +91,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--turns", type=int, default=600)
     parser.add_argument("--rate", type=float, default=24.0, help="requests per second offered")
+    parser.add_argument("--kv-blocks", default="160,160,160,160",
+                        help="each worker's KV cache in 16-token blocks (a mixed pool: 240,240,80,80)")
+    parser.add_argument("--modes", default="prefix,load,round_robin")
     args = parser.parse_args()
+    kv_blocks = [int(b) for b in args.kv_blocks.split(",")]
     tmp = Path(tempfile.mkdtemp())
     bodies = [{"model": MODEL, "messages": m, "max_tokens": 24, "ignore_eos": True, "stream": True}
               for m in conversations(7, args.turns)]
     print(f"oracle       hit rate {oracle_hit_rate(bodies):.2f} (every cache known, nothing evicted)", flush=True)
-    for mode in ("prefix", "load", "round_robin"):
+    for mode in args.modes.split(","):
         # prefill 0.5 ms a token: a 400-token prompt costs 200 ms to prefill, a cached one almost nothing
-        sims = [start_sim(tmp, "--num-blocks", "160", "--block-size", "16", "--prefill-per-token-ms", "0.5",
+        sims = [start_sim(tmp, "--num-blocks", str(blocks), "--block-size", "16", "--prefill-per-token-ms", "0.5",
                           "--decode-base-ms", "10", "--decode-per-seq-ms", "0.2", "--max-num-seqs", "32")
-                for _ in range(WORKERS)]
+                for blocks in kv_blocks]
         policy = policy_dict([s.url for s in sims])
         policy["pools"]["main"].update(routing=mode, max_inflight_per_worker=64)
         policy["scheduling"] = {"tiers": {"standard": {"max_queue_wait_ms": 60_000}}}

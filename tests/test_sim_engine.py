@@ -154,6 +154,16 @@ def test_gateway_scraper_reads_both_kv_metric_names() -> None:
     assert parse_load(old) == {"running": 1.0, "kv_usage": 0.5}
 
 
+def test_the_simulator_names_its_kv_cache_size_as_vllm_does() -> None:
+    """vLLM's cache_config_info: the cache config in the labels of a gauge set to 1."""
+    from workers.sim.engine import Engine, EngineConfig
+    from workers.sim.metrics import SimMetrics
+
+    text = SimMetrics("m", num_blocks=160, block_size=16).render(Engine(EngineConfig(num_blocks=160))).decode()
+    info = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info{"))
+    assert 'block_size="16"' in info and 'num_gpu_blocks="160"' in info and info.endswith(" 1.0"), info
+
+
 def test_prefix_caching_prefills_only_what_follows_the_cached_prefix() -> None:
     """vLLM's automatic prefix caching: a prompt that shares full blocks with an earlier one prefills only the
     rest (and its last token), counted in prefix_queries/prefix_hits; blocks leave least recently used first."""
