@@ -87,6 +87,46 @@ def oracle_hit_rate(bodies: list[dict[str, Any]], block_size: int = 16) -> float
     return hits / queries
 
 
+def cache_oracle_hit_rate(bodies: list[dict[str, Any]], kv_blocks: list[int], block_size: int = 16,
+                          load_bound: float = 1.25) -> tuple[float, float]:
+    """The hit rate of routings that know every worker's cache as it is (the simulator's: prompt blocks, least
+    recently used first out, ``kv_blocks`` each), replayed in order: each request goes to the worker holding
+    the longest cached run of its blocks among those within ``load_bound`` of the mean request count (ties and
+    new prefixes: the fewest requests); and, as a check of the replay against the engines, round robin.
+    Returns (oracle, round robin)."""
+    import collections
+
+    from workers.sim.engine import block_hashes
+    from workers.sim.tokenizer import chat_prompt_text, count_chat, token_ids
+
+    def replay(pick: Any) -> float:
+        caches: list[collections.OrderedDict[int, None]] = [collections.OrderedDict() for _ in kv_blocks]
+        counts = [0] * len(kv_blocks)
+        hits = queries = 0
+        for i, body in enumerate(bodies):
+            blocks = block_hashes(token_ids(chat_prompt_text(body["messages"])), block_size)
+            matched = [next((j for j, b in enumerate(blocks) if b not in cache), len(blocks)) for cache in caches]
+            w = pick(i, matched, counts)
+            prompt = count_chat(body["messages"])
+            hits += min(matched[w] * block_size, prompt - 1)
+            queries += prompt
+            counts[w] += 1
+            cache = caches[w]
+            for block in blocks:
+                cache[block] = None
+                cache.move_to_end(block)
+            while len(cache) > kv_blocks[w]:
+                cache.popitem(last=False)
+        return hits / queries
+
+    def oracle(_: int, matched: list[int], counts: list[int]) -> int:
+        bound = load_bound * sum(counts) / len(counts) + 1
+        within = [w for w in range(len(counts)) if counts[w] <= bound]
+        return max(within, key=lambda w: (matched[w], -counts[w]))
+
+    return replay(oracle), replay(lambda i, matched, counts: i % len(counts))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--turns", type=int, default=600)
@@ -100,6 +140,9 @@ def main() -> None:
     bodies = [{"model": MODEL, "messages": m, "max_tokens": 24, "ignore_eos": True, "stream": True}
               for m in conversations(7, args.turns)]
     print(f"oracle       hit rate {oracle_hit_rate(bodies):.2f} (every cache known, nothing evicted)", flush=True)
+    known, in_turn = cache_oracle_hit_rate(bodies, kv_blocks)
+    print(f"oracle       hit rate {known:.2f} (every cache known as it is, the same load bound; replayed in "
+          f"order, round robin replayed so: {in_turn:.2f})", flush=True)
     for mode in args.modes.split(","):
         # prefill 0.5 ms a token: a 400-token prompt costs 200 ms to prefill, a cached one almost nothing
         sims = [start_sim(tmp, "--num-blocks", str(blocks), "--block-size", "16", "--prefill-per-token-ms", "0.5",
