@@ -3,7 +3,7 @@ and a conversation go where they hash, the same in every process."""
 
 from __future__ import annotations
 
-from gateway.upstream.affinity import LOAD_BOUND, PrefixIndex, choose, of_request
+from gateway.upstream.affinity import PrefixIndex, choose, load_bound, of_request
 from tests.fakes import live_worker
 
 SYSTEM = "You are a careful assistant for the billing team. " * 20  # ~1 KB: 16 blocks
@@ -36,8 +36,8 @@ def test_the_same_prefix_goes_where_it_went_until_that_worker_is_too_busy() -> N
     again = choose(workers, workers, of_request(chat("q2")), index)  # type: ignore[arg-type]
     assert again is not None and (again.worker, again.how) == (first.worker, "prefix")
     assert again.matched >= 15 and again.describe().startswith("prefix ")
-    first.worker.inflight = 10  # far past LOAD_BOUND x the mean (2.5) + 1
-    assert LOAD_BOUND * 2.5 + 1 < 10
+    first.worker.inflight = 10  # past the bound over the mean (2.5)
+    assert load_bound(2.5) < 10
     spilled = choose(workers, workers, of_request(chat("q3")), index)  # type: ignore[arg-type]
     assert spilled is not None and spilled.worker is not first.worker and spilled.how == "load"
     down = [w for w in workers if w is not spilled.worker]
@@ -72,6 +72,14 @@ def test_a_new_prefix_and_a_conversation_hash_alike_in_every_process() -> None:
     b = choose(list(reversed(workers)), workers, of_request(chat("more", system="s", user="conv-7")),  # type: ignore
                PrefixIndex())
     assert a is not None and b is not None and a.worker is b.worker and a.how == "session"
+
+
+def test_the_load_bound_leaves_room_for_the_swing_of_small_counts() -> None:
+    """A quarter above the mean where counts are large; at a few in flight, the count's own Poisson swing
+    (2.5 standard deviations), so that a burst of one does not move a prefix off the worker caching it."""
+    assert load_bound(400) == 400 * 1.25 + 1
+    assert load_bound(4) == 4 + 2.5 * 2 + 1 and load_bound(4) > 4 * 2
+    assert load_bound(0) == 1
 
 
 def test_the_index_is_bounded_and_forgets_a_worker() -> None:
