@@ -29,8 +29,8 @@ class Clock:
 
 def snapshot(**scheduling: Any) -> PolicySnapshot:
     policy = Policy.model_validate({
-        "tenants": {"p1": {"tier": "premium"}, "s1": {"tier": "standard"}, "s2": {"tier": "standard"},
-                    "heavy": {"tier": "standard", "weight": 1.0}, "b1": {"tier": "batch"}},
+        "tenants": {"p1": {"tier": "premium"}, "p2": {"tier": "premium"}, "s1": {"tier": "standard"},
+                    "s2": {"tier": "standard"}, "heavy": {"tier": "standard", "weight": 1.0}, "b1": {"tier": "batch"}},
         "models": {"m": {"pool": "p"}},
         "pools": {"p": {"workers": ["http://w1"], "max_inflight_per_worker": 2}},
         "scheduling": {"batch_headroom": 0.0, "premium_reserve": 0.0, "tenant_headroom": 0.0, **scheduling}})
@@ -374,6 +374,26 @@ def test_premium_still_queued_at_half_its_deadline_goes_past_this_process_s_part
         assert standard.done() and not standard.result().past_limit
         h.release(standard.result())
         assert (h.pool.premium, h.pool.granted, h.controller.tenant_inflight) == (0, 0, {})
+    asyncio.run(main())
+
+
+def test_a_tenant_over_its_fair_share_does_not_go_past_the_part() -> None:
+    """Past this process's part a request waits in the engine's own queue, ahead of whatever comes next: a
+    flooding premium tenant's requests there made a quiet one's wait behind them. So only a tenant under its
+    fair share of the class goes past; the one over it waits for a slot here, and is shed at its deadline."""
+    async def main() -> None:
+        h = Harness(tiers={"premium": {"max_queue_wait_ms": 200}}, tenant_headroom=0.5)
+        h.worker.learned.limit = 8
+        h.controller.share = Share(0, 2)  # this process's part: 4; premium's fair share with two tenants: 2
+        held = [await h.admit(h.ctx("p2")), await h.admit(h.ctx("s1"))]
+        held += [await h.admit(h.ctx("p1")), await h.admit(h.ctx("p1"))]  # the part is full
+        with pytest.raises(Shed) as caught:
+            await h.admit(h.ctx("p1"))  # holds its fair share: waits here
+        assert caught.value.reason == "deadline"
+        again = await h.admit(h.ctx("p2"))  # under its share: past the part after half its wait
+        assert again.past_limit and h.pool.held == {"p1": 2, "p2": 2, "s1": 1}
+        for ctx in (*held, again):
+            h.release(ctx)
     asyncio.run(main())
 
 

@@ -150,6 +150,9 @@ class Controller:
         slot, or, when the engine is full too, at the head of its queue: an engine that runs in arrival order
         holds nothing else waiting, since the gateway keeps every other class within the limit, so the wait
         there is for the next of all the engine's sequences to end, not of this process's share of them.
+        Not for a tenant over its fair share of the class (``blocked_tenants``): a flooding premium tenant's
+        requests went past the limit into the engines' queues, and a quiet premium tenant's then waited behind
+        them there (its TTFT p95 6.2x what it had alone, against 1.1-1.2x).
         Not at once: while this process's own answers end soon enough, waiting here chooses the first worker
         to free a slot instead of committing to one."""
         try:
@@ -157,8 +160,12 @@ class Controller:
                 await asyncio.shield(waiter.future)
         except TimeoutError:
             pass
-        if waiter.future.done() or state.premium >= capacity(state.workers, state.spec, scheduling, self.clock()):
+        now = self.clock()
+        if waiter.future.done() or state.premium >= capacity(state.workers, state.spec, scheduling, now):
             return False
+        if waiter.tenant in state.blocked_tenants(waiter.ctx.service_class, capacity(
+                state.workers, state.spec, scheduling, now, self.share), scheduling, now):
+            return False  # a tenant over its fair share waits here: in the engine it would queue ahead of the others
         self._forget(state, waiter)
         state.take(waiter.tenant, waiter.ctx.service_class)
         waiter.ctx.past_limit = True
