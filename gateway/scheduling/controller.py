@@ -9,8 +9,10 @@
 - Deadlines: each class has a longest queue wait (80% of its TTFT SLO by default). A standard or batch request
   whose predicted wait (the work ahead of it at the measured drain rate) would pass it is answered at once with
   429 and a Retry-After; premium is not refused on a forecast; one still queued at its deadline gets the same.
-  Queues are bounded in count and bytes; when full, the newest batch waiter is shed first, then standard;
-  premium is refused only when nothing lower is queued.
+  A premium request still queued at half its deadline goes past this process's part of the workers' limits
+  (to where another replica's part is free, or to the head of the engine's own queue), unless its tenant is
+  over its fair share. Queues are bounded in count and bytes; when full, the newest batch waiter is shed
+  first, then standard; premium is refused only when nothing lower is queued.
 - A client that leaves while queued leaves the queue at once (its task is cancelled; nothing is sent upstream).
 
 The clock is injectable, so the rules are unit-tested without sleeping.
@@ -117,9 +119,9 @@ class Controller:
         try:
             if klass == "premium" and await self._spilled(state, scheduling, waiter, deadline_s * SPILL_SHARE):
                 return
-            # (The future is awaited as it is: a timeout or a cancellation cancels it unless it was granted first,
-            # which the handlers below read; wait_for with shield cost two more futures and a task step per queued
-            # request.)
+            # (Past the spill the future is awaited as it is: a timeout or a cancellation cancels it unless it was
+            # granted first, which the handlers below read; wait_for with shield cost two more futures and a task
+            # step per queued request.)
             async with asyncio.timeout_at(deadline_at):
                 await waiter.future
         except Shed:  # displaced by higher-priority work (see _make_room)
