@@ -80,10 +80,13 @@ def main() -> None:
             result = one_start(checkout.resolve(), args.seconds, new_env if name == "new" else old_env)
             for kind, values in result.items():
                 runs[name][kind] += values
-            print(name, {k: [round(v, 2) for v in vs] for k, vs in result.items()}, flush=True)
+            print(name, {k: [round(v, 3) for v in vs] for k, vs in result.items()}, flush=True)
     for name, kinds in runs.items():
-        print(name, {kind: f"median {statistics.median(v):.2f} ms ({min(v):.2f}-{max(v):.2f})"
+        print(name, {kind: f"median {statistics.median(v):.3f} ms ({min(v):.3f}-{max(v):.3f})"
                      for kind, v in kinds.items()})
+    # a change of tens of microseconds is below the medians' spread: the means' difference says it more finely
+    print("new - old", {kind: f"{(statistics.mean(runs['new'][kind]) - statistics.mean(v)) * 1000:+.1f} us (means)"
+                        for kind, v in runs["old"].items()})
 
 
 if __name__ == "__main__":
