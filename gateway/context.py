@@ -84,9 +84,9 @@ class RequestContext:
     worker: str | None = None  # upstream.dispatch
     route: str | None = None  # upstream.dispatch: why that worker (prefix 12/25 | session | hash | load)
     attempts: int = 0  # upstream.dispatch
-    # scheduling.controller: admitted past this process's part of the limit (premium that waited half its
-    # deadline): it may wait in the engine, so its latency says nothing of the engine's capacity
-    past_limit: bool = False
+    # admitted past this process's part of the limit (premium that waited half its deadline): it may wait in the
+    # engine, so its latency says nothing of the engine's capacity
+    past_limit: bool = False  # scheduling.controller
     prompt_tokens: int | None = None  # pipeline.run
     completion_tokens: int | None = None  # pipeline.run
     cached_tokens: int | None = None  # pipeline.run: prompt tokens the worker's prefix cache served

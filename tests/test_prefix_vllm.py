@@ -98,3 +98,13 @@ def test_prefix_routing_keeps_each_prompt_where_it_is_cached(engines: list[Any],
     print(f"vLLM prefix-cache hit rate: prefix routing {prefix:.2f}, round robin {round_robin:.2f}")
     assert prefix >= 1.5 * round_robin, (prefix, round_robin)
     assert prefix >= 0.7, prefix
+
+
+def test_vllm_says_when_its_prefix_cache_is_new(engines: list[Any]) -> None:
+    """The prefix index forgets a worker whose engine restarted: vLLM's prefix_cache_queries counter and its
+    creation time (the _created sample) are what the scraper reads for it."""
+    from gateway.fleet.observe import parse_load
+
+    for engine in engines:
+        load = parse_load(httpx.get(engine.url + "/metrics").content)
+        assert load["prefix_created"] > 1.7e9 and "prefix_queries" in load, load

@@ -164,6 +164,17 @@ def test_the_simulator_names_its_kv_cache_size_as_vllm_does() -> None:
     assert 'block_size="16"' in info and 'num_gpu_blocks="160"' in info and info.endswith(" 1.0"), info
 
 
+def test_the_scraper_reads_the_prefix_cache_counter() -> None:
+    """vllm:prefix_cache_queries_total and its _created sample: when the counter goes back or was created
+    anew, the engine restarted."""
+    from gateway.fleet.observe import parse_load
+
+    page = (b'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1200.0\n'
+            b'vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9\n'
+            b'vllm:num_requests_running{engine="0",model_name="m"} 1.0\n')
+    assert parse_load(page) == {"prefix_queries": 1200.0, "prefix_created": 1.7e9, "running": 1.0}
+
+
 def test_prefix_caching_prefills_only_what_follows_the_cached_prefix() -> None:
     """vLLM's automatic prefix caching: a prompt that shares full blocks with an earlier one prefills only the
     rest (and its last token), counted in prefix_queries/prefix_hits; blocks leave least recently used first."""

@@ -22,7 +22,7 @@ CONTEXT_WRITERS = {
     "service_class": "gateway/pipeline.py",
     "cache": "gateway/cache/decision.py", "cache_similarity": "gateway/cache/decision.py",
     "worker": "gateway/upstream/dispatch.py", "attempts": "gateway/upstream/dispatch.py",
-    "route": "gateway/upstream/dispatch.py",
+    "route": "gateway/upstream/dispatch.py", "past_limit": "gateway/scheduling/controller.py",
     "prompt_tokens": "gateway/pipeline.py", "completion_tokens": "gateway/pipeline.py",
     "cached_tokens": "gateway/pipeline.py", "usage_estimated": "gateway/pipeline.py",
     "reservation": "gateway/spend/service.py", "charge": "gateway/pipeline.py",

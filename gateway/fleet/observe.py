@@ -20,6 +20,10 @@ _GAUGES: dict[bytes, str] = {
     b"vllm:num_requests_waiting ": "waiting",
     b"vllm:kv_cache_usage_perc": "kv_usage",
     b"vllm:gpu_cache_usage_perc": "kv_usage",
+    # the engine's process, for the prefix index: the counter's creation time (prometheus_client's _created
+    # sample) changes when the engine restarts, and the counter itself goes back
+    b"vllm:prefix_cache_queries_created": "prefix_created",
+    b"vllm:prefix_cache_queries_total": "prefix_queries",
     b"sglang:num_running_reqs": "running",
     b"sglang:num_queue_reqs": "waiting",
     b"sglang:token_usage": "kv_usage",
@@ -126,6 +130,12 @@ async def scrape(worker: Worker, client: Client, timeout_s: float, unhealthy_aft
     observed.running = load.get("running", 0.0)
     observed.waiting = load.get("waiting", 0.0)
     observed.kv_usage = load.get("kv_usage", 0.0)
+    if "prefix_queries" in load:  # the engine's process, for the prefix index (see _GAUGES)
+        queries, created = load["prefix_queries"], load.get("prefix_created", 0.0)
+        if queries < observed.prefix_queries or (created and observed.prefix_created
+                                                 and created != observed.prefix_created):
+            observed.cache_epoch += 1  # a fresh engine: whatever its prefix cache held is gone
+        observed.prefix_queries, observed.prefix_created = queries, created
     observed.scraped_at = time.monotonic()
 
 

@@ -54,10 +54,14 @@ async def purge_cache(request: Request) -> Response:
 
 
 async def queues(request: Request) -> Response:
-    """Per pool: requests started, drain rate, and per class the depth, oldest wait and depth by tenant."""
+    """Per pool: requests started, drain rate, and per class the depth, oldest wait and depth by tenant; and the
+    prompt blocks the prefix index places on each worker (what routing believes each engine caches)."""
     require_admin(request)
     gw = gateway_of(request)
-    pools = gw.scheduler.snapshot(p.admission for p in gw.upstreams.pools.values())
+    upstreams = gw.upstreams.pools
+    pools = gw.scheduler.snapshot(p.admission for p in upstreams.values())
+    for name, view in pools.items():
+        view["prefix_blocks"] = {w.url: upstreams[name].prefixes.footprint[w.url] for w in upstreams[name].workers}
     return json_response({"mode": gw.store.current.policy.scheduling.mode, "pools": pools})
 
 

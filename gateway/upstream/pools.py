@@ -51,6 +51,7 @@ class UpstreamPool:
         self.workers = [Worker(str(url).rstrip("/"), name) for url in spec.workers]
         self.admission = PoolState(name, self.workers, spec)  # its queues and counts (gateway.scheduling)
         self.prefixes = PrefixIndex()  # which worker recently got which prompt blocks (affinity)
+        self._cache_epochs: dict[str, int] = {}  # worker URL -> its cache_epoch when the index last agreed
         self._on_metrics = on_metrics
         # connect: the wait for a free connection + TCP connect; read: the longest silence between upstream bytes.
         # The count of connections opened, against requests, is the keep-alive reuse.
@@ -73,6 +74,10 @@ class UpstreamPool:
                            self.spec.unhealthy_after, self._after_scrape))
 
     def _after_scrape(self) -> None:
+        for worker in self.workers:  # an engine that restarted holds none of the prefixes sent to it before
+            if worker.observed.cache_epoch != self._cache_epochs.get(worker.url, 0):
+                self.prefixes.forget(worker.url)
+                self._cache_epochs[worker.url] = worker.observed.cache_epoch
         self.publish()
         if self._on_metrics is not None:
             self._on_metrics(self.name)
