@@ -8,10 +8,11 @@ conversation's history, is then almost free on the worker that holds it and full
   prompt) is cut into blocks of ``BLOCK_BYTES`` (about 16 tokens, vLLM's block size, without a tokenizer on
   the hot path: the boundaries need not match the engine's, only be the same for the same prefix), each named
   by a running CRC-32 of everything before it, so a block's name stands for its whole prefix;
-- each pool remembers which worker recently received which blocks (``PrefixIndex``: bounded, least recently
-  used first out; a worker whose engine restarted, as its metrics show, is forgotten); a request goes to the worker holding its longest matched prefix, unless that worker is
-  loaded past ``load_bound`` of the pool's mean (a quarter above it, or its Poisson swing: bounded-load
-  affinity, so a hot prefix cannot pile every request onto one engine), and then to the least loaded;
+- each pool remembers which worker recently received which blocks (``PrefixIndex``: bounded, least recently used first
+  out; a worker whose engine restarted, as its metrics show, is forgotten); a request goes to the worker holding its
+  longest matched prefix, unless that worker is loaded past ``load_bound`` of the pool's mean (a quarter above it, or
+  its Poisson swing: bounded-load affinity, so a hot prefix cannot pile every request onto one engine), and then to
+  the least loaded;
 - a prefix no worker is known to hold goes to a worker whose cache footprint (the blocks the index places on
   it) is near the least, and among those where its first block hashes to (rendezvous hashing, stable across
   processes and replicas, which therefore agree on where a new system prompt lives without talking to each
