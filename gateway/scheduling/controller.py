@@ -329,7 +329,7 @@ class Controller:
         retry = max(1, math.ceil(wait_s))
         return Shed(f"The {klass} queue is too busy: this request {why}. Retry after {retry} s.", klass, reason, retry)
 
-    def snapshot(self, states: Iterable[PoolState]) -> dict[str, object]:
+    def snapshot(self, states: Iterable[PoolState]) -> dict[str, dict[str, object]]:
         """What GET /admin/queues shows."""
         now = self.clock()
         return {s.name: {"granted": s.granted, "granted_by_tenant": dict(s.held),
