@@ -94,29 +94,21 @@ def cache_oracle_hit_rate(bodies: list[dict[str, Any]], kv_blocks: list[int], bl
     the longest cached run of its blocks among those within ``load_bound`` of the mean request count (ties and
     new prefixes: the fewest requests); and, as a check of the replay against the engines, round robin.
     Returns (oracle, round robin)."""
-    import collections
-
-    from workers.sim.engine import block_hashes
+    from workers.sim.engine import PrefixCache, block_hashes
     from workers.sim.tokenizer import chat_prompt_text, count_chat, token_ids
 
     def replay(pick: Any) -> float:
-        caches: list[collections.OrderedDict[int, None]] = [collections.OrderedDict() for _ in kv_blocks]
+        caches = [PrefixCache(blocks) for blocks in kv_blocks]
         counts = [0] * len(kv_blocks)
         hits = queries = 0
         for i, body in enumerate(bodies):
             blocks = block_hashes(token_ids(chat_prompt_text(body["messages"])), block_size)
-            matched = [next((j for j, b in enumerate(blocks) if b not in cache), len(blocks)) for cache in caches]
-            w = pick(i, matched, counts)
+            w = pick(i, [cache.matched(blocks) for cache in caches], counts)
             prompt = count_chat(body["messages"])
-            hits += min(matched[w] * block_size, prompt - 1)
+            hits += caches[w].hit_tokens(blocks, prompt, block_size)
             queries += prompt
             counts[w] += 1
-            cache = caches[w]
-            for block in blocks:
-                cache[block] = None
-                cache.move_to_end(block)
-            while len(cache) > kv_blocks[w]:
-                cache.popitem(last=False)
+            caches[w].add(blocks)
         return hits / queries
 
     def oracle(_: int, matched: list[int], counts: list[int]) -> int:

@@ -102,13 +102,37 @@ class EngineStats:
 Observer = Callable[[Sequence], None]
 
 
+class PrefixCache:
+    """Automatic prefix caching as vLLM's: the blocks of earlier prompts, by hash, least recently used first out,
+    ``size`` at most. (Also the cache model of loadtest.bench_prefix's oracle, so the two cannot drift apart.)"""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.blocks: collections.OrderedDict[int, None] = collections.OrderedDict()
+
+    def matched(self, hashes: tuple[int, ...] | list[int]) -> int:
+        """How many leading blocks of a prompt are cached."""
+        return next((i for i, block in enumerate(hashes) if block not in self.blocks), len(hashes))
+
+    def hit_tokens(self, hashes: tuple[int, ...] | list[int], prompt_tokens: int, block_size: int) -> int:
+        """The prompt tokens the cache serves: its cached leading blocks, never the last token (always computed)."""
+        return min(self.matched(hashes) * block_size, prompt_tokens - 1)
+
+    def add(self, hashes: tuple[int, ...] | list[int]) -> None:
+        for block in hashes:
+            self.blocks[block] = None
+            self.blocks.move_to_end(block)
+        while len(self.blocks) > self.size:
+            self.blocks.popitem(last=False)
+
+
 class Engine:
     def __init__(self, config: EngineConfig, on_finish: Observer | None = None,
                  on_token_gap: Callable[[float], None] | None = None) -> None:
         self.config = config
         self.stats = EngineStats()
         self.free_blocks = config.num_blocks
-        self.cached: collections.OrderedDict[int, None] = collections.OrderedDict()  # block hash, LRU first
+        self.cache = PrefixCache(config.num_blocks)
         self.running: list[Sequence] = []
         self._waiting: list[tuple[int, int, Sequence]] = []
         self._order = itertools.count()
@@ -193,21 +217,11 @@ class Engine:
 
     def _reuse_prefix(self, seq: Sequence) -> None:
         """Start the prefill after the longest cached run of the prompt's blocks; cache all of them."""
-        size = self.config.block_size
-        hit = 0
-        for block in seq.block_hashes:
-            if block not in self.cached:
-                break
-            hit += 1
-        seq.cached_tokens = min(hit * size, seq.prompt_tokens - 1)  # the last token is always computed
+        seq.cached_tokens = self.cache.hit_tokens(seq.block_hashes, seq.prompt_tokens, self.config.block_size)
         seq.computed = max(seq.computed, seq.cached_tokens)
         self.stats.prefix_queries += seq.prompt_tokens
         self.stats.prefix_hits += seq.cached_tokens
-        for block in seq.block_hashes:
-            self.cached[block] = None
-            self.cached.move_to_end(block)
-        while len(self.cached) > self.config.num_blocks:
-            self.cached.popitem(last=False)
+        self.cache.add(seq.block_hashes)
 
     def _plan(self) -> list[tuple[Sequence, int]]:
         """Tokens each running sequence computes this step: 1 to decode, or a chunk of its prefill.
