@@ -163,8 +163,8 @@ async def exchange(ctx: RequestContext, pool: UpstreamPool, payload: bytes, sink
     async with dispatch(ctx, pool, openai_api.PATHS[ctx.endpoint], payload, affinity, pinned, room) as \
             (worker, response):
         if ctx.stream and response.status == 200:
-            first = None if ctx.past_limit else \
-                functools.partial(scheduler.first_token, pool.admission, worker, ctx.snapshot.policy.scheduling)
+            first = functools.partial(scheduler.first_token, ctx, pool.admission, worker,
+                                      ctx.snapshot.policy.scheduling)
             await relay_stream(ctx, worker, response, sink, relayed, usage, pool.spec.cooldown_s, capture, first)
         else:
             await relay_body(ctx, worker, response, sink, relayed, pool.spec.cooldown_s)

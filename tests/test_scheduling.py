@@ -364,6 +364,13 @@ def test_premium_still_queued_at_half_its_deadline_goes_past_this_process_s_part
         spilled = await asyncio.gather(*premium[:4])
         assert h.granted == ["s1", "s2", "p1", "p1", "p1", "p1"], "then past the part, up to the whole limit"
         assert all(ctx.past_limit for ctx in spilled) and (h.pool.premium, h.pool.granted) == (4, 6)
+        learned = h.worker.learned.stream_limit
+        for _ in range(4):  # slow first tokens of spilled requests: they waited in the engine by design
+            h.controller.first_token(spilled[0], h.pool, h.worker, h.snap.policy.scheduling, 6, 0.01)
+            h.controller.first_token(spilled[1], h.pool, h.worker, h.snap.policy.scheduling, 6, 5.0)
+        assert h.worker.learned.stream_limit == learned, "nothing learned from them"
+        h.controller.first_token(running[0], h.pool, h.worker, h.snap.policy.scheduling, 6, 0.01)
+        assert h.worker.learned.stream_limit != learned, "a request within the limit teaches"
         assert not standard.done(), "standard still waits for a slot within the part"
         with pytest.raises(Shed) as caught:
             await premium[4]

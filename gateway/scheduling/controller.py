@@ -163,7 +163,7 @@ class Controller:
         except TimeoutError:
             pass
         now = self.clock()
-        if waiter.future.done() or state.premium >= capacity(state.workers, state.spec, scheduling, now):
+        if waiter.future.done() or not self._premium_within_limits(state, scheduling, now):
             return False
         if waiter.tenant in state.blocked_tenants(waiter.ctx.service_class, capacity(
                 state.workers, state.spec, scheduling, now, self.share), scheduling, now):
@@ -206,10 +206,13 @@ class Controller:
             engine = ctx.timings.ttft - (ctx.timings.queue_wait or 0.0)
             answered(worker, ceiling, worker.inflight + 1, engine / max(1, ctx.completion_tokens or 0), whole=True)
 
-    def first_token(self, state: PoolState, worker: Worker, scheduling: SchedulingPolicy, held: int,
-                    ttft: float) -> None:
+    def first_token(self, ctx: RequestContext, state: PoolState, worker: Worker, scheduling: SchedulingPolicy,
+                    held: int, ttft: float) -> None:
         """A stream's first token from ``worker`` (``ttft``: the engine's part): learn from it, and grant what
-        a larger limit now fits (a fresh engine without metrics grows within a few TTFTs, not stream ends)."""
+        a larger limit now fits (a fresh engine without metrics grows within a few TTFTs, not stream ends).
+        A request sent past the limit may have waited in the engine by design: it teaches nothing."""
+        if ctx.past_limit:
+            return
         before = worker.learned.stream_limit
         answered(worker, state.spec.max_inflight_per_worker, held, ttft)
         if int(worker.learned.stream_limit) > int(before) and any(q.count for q in state.queues.values()):
@@ -260,8 +263,11 @@ class Controller:
         the engine's own queue for the next sequence there to end. Up to the workers' whole limits in premium
         requests, not this process's part of them: once replicas split each worker's limit, a process's part
         is two slots of four, and premium bursts waited past their deadline while the engines had room."""
-        if not state.spec.engine_priority:
-            return False
+        return state.spec.engine_priority and self._premium_within_limits(state, scheduling, now)
+
+    @staticmethod
+    def _premium_within_limits(state: PoolState, scheduling: SchedulingPolicy, now: float) -> bool:
+        """Does the premium this process holds stay below the workers' whole limits (not its part of them)?"""
         return state.premium < capacity(state.workers, state.spec, scheduling, now)
 
     def _predicted_wait(self, state: PoolState, klass: str, now: float) -> float | None:
