@@ -121,14 +121,21 @@ def start_vllm_cpu(model_dir: Path | None = None, served_name: str = "tiny-llama
     """Start ``vllm`` on the CPU and wait until /health answers 200.
 
     ``cpus`` pins the server to those cores (``taskset -c``): two engines on two cores, each on its own, keep
-    one engine's busy core from starving the other."""
+    one engine's busy core from starving the other.
+
+    OpenMP threads float (``VLLM_CPU_OMP_THREADS_BIND=nobind``) unless the caller's environment says otherwise.
+    vLLM's default binds the model's thread to core 0 and leaves core 1 to its API server, and there the API
+    server falls behind the engine: of 400-token streams sent back to back, 7 of 16 and 19 of 24 arrived whole
+    after their last token, so a client, or a gateway, had nothing to relay as it was written. Floating, 1 of 16
+    and 1 of 24 did, at a median 300-450 tokens/s against 700-750 (``python -m loadtest.bench_vllm_stream``)."""
     model = build_tiny_model(model_dir)
     port = port or free_port()
     log = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm-cpu-{port}.log"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
                DO_NOT_TRACK="1", VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
                # keep Responses API answers, so previous_response_id and retrieve work (off by default in vLLM)
-               VLLM_ENABLE_RESPONSES_API_STORE="1")
+               VLLM_ENABLE_RESPONSES_API_STORE="1",
+               VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"))
     pinned = ["taskset", "-c", cpus] if cpus else []
     cmd = [*pinned, sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
            "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
