@@ -133,7 +133,7 @@ def main() -> None:
               for m in conversations(7, args.turns)]
     print(f"oracle       hit rate {oracle_hit_rate(bodies):.2f} (every cache known, nothing evicted)", flush=True)
     known, in_turn = cache_oracle_hit_rate(bodies, kv_blocks)
-    print(f"oracle       hit rate {known:.2f} (every cache known as it is, the same load bound; replayed in "
+    print(f"oracle       hit rate {known:.2f} (every cache known as it is, under a 1.25x load bound; replayed in "
           f"order, round robin replayed so: {in_turn:.2f})", flush=True)
     for mode in args.modes.split(","):
         # prefill 0.5 ms a token: a 400-token prompt costs 200 ms to prefill, a cached one almost nothing

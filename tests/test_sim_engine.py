@@ -154,16 +154,6 @@ def test_gateway_scraper_reads_both_kv_metric_names() -> None:
     assert parse_load(old) == {"running": 1.0, "kv_usage": 0.5}
 
 
-def test_the_simulator_names_its_kv_cache_size_as_vllm_does() -> None:
-    """vLLM's cache_config_info: the cache config in the labels of a gauge set to 1."""
-    from workers.sim.engine import Engine, EngineConfig
-    from workers.sim.metrics import SimMetrics
-
-    text = SimMetrics("m", num_blocks=160, block_size=16).render(Engine(EngineConfig(num_blocks=160))).decode()
-    info = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info{"))
-    assert 'block_size="16"' in info and 'num_gpu_blocks="160"' in info and info.endswith(" 1.0"), info
-
-
 def test_the_scraper_reads_the_prefix_cache_counter() -> None:
     """vllm:prefix_cache_queries_total and its _created sample: when the counter goes back or was created
     anew, the engine restarted."""

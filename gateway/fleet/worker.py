@@ -28,7 +28,7 @@ class Observed:
     kv_usage: float = 0.0  # 0..1
     prefix_queries: float = 0.0  # vLLM's prefix_cache_queries counter at the last read
     prefix_created: float = 0.0  # and its creation time (0: not said)
-    cache_epoch: int = 0  # how many times the counter went back (the engine restarted, its prefix cache empty)
+    cache_epoch: int = 0  # restarts seen: the counter went back or was created anew (its prefix cache empty)
     scraped_at: float = 0.0  # monotonic time of the last good metrics read
     metrics_error: str | None = None  # why the last metrics read gave nothing (None: it gave a reading)
     metrics_failures: int = 0  # metrics reads in a row that gave nothing

@@ -16,14 +16,10 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 
 
 class SimMetrics:
-    def __init__(self, model_name: str, num_blocks: int = 0, block_size: int = 16) -> None:
+    def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         labels = ["model_name", "engine"]
         r = self.registry
-        # vLLM's info gauge: the cache config in its labels, set to 1 (the gateway reads the KV cache's size)
-        Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-              ["block_size", "enable_prefix_caching", "num_gpu_blocks", "engine"], registry=r).labels(
-            str(block_size), "True", str(num_blocks), "0").set(1)
         self._running = Gauge("vllm:num_requests_running", "Requests in the running batch.", labels, registry=r)
         self._waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", labels, registry=r)
         self._kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 means 100 percent.", labels, registry=r)

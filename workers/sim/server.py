@@ -104,7 +104,7 @@ class SimServer:
         self.responses = Responses(self)
         self.config = config
         self.faults = faults or Faults()
-        self.metrics = SimMetrics(model, config.num_blocks, config.block_size)
+        self.metrics = SimMetrics(model)
         self.engine = Engine(config, on_finish=self.metrics.on_finish, on_token_gap=self.metrics.itl.observe)
         self.created = int(time.time())
         self.app = Starlette(
