@@ -35,7 +35,25 @@ async def parse_json(raw: bytes) -> dict[str, Any]:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}", "invalid_json") from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.", "invalid_json")
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _depth(body) > MAX_DEPTH:
+        raise InvalidRequest(f"The request body nests deeper than {MAX_DEPTH} levels.", "invalid_json")
     return body
+
+
+MAX_DEPTH = 255  # orjson reads 1,024 levels but writes 255: a deeper body could not be forwarded
+
+
+def _depth(value: Any) -> int:
+    """How deep a parsed body nests (walked only when its brackets could reach MAX_DEPTH: a C-speed count)."""
+    deepest, level = 0, [(value, 1)]
+    while level:
+        item, depth = level.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if deepest > MAX_DEPTH:
+                return deepest
+            level.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _bad(param: str, message: str) -> InvalidRequest:
@@ -104,9 +122,21 @@ def validate_chat(body: dict[str, Any]) -> str:
         if content is None:
             if role != "assistant" or not message.get("tool_calls"):
                 raise _bad(f"messages[{i}].content", f"messages[{i}].content is required.")
-        elif not isinstance(content, str | list):
+        elif isinstance(content, list):
+            _parts(content, f"messages[{i}].content")
+        elif not isinstance(content, str):
             raise _bad(f"messages[{i}].content", f"messages[{i}].content must be a string or an array of parts.")
     return model
+
+
+def _parts(parts: list[Any], param: str) -> None:
+    """Content parts are objects with a string ``type``, and a text part's ``text`` is a string: the prefix
+    index, the cache key and the prompt estimate read them, and the worker would refuse anything else."""
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise _bad(f"{param}[{j}]", f"{param}[{j}] must be an object with a string 'type'.")
+        if "text" in part and not isinstance(part["text"], str):
+            raise _bad(f"{param}[{j}].text", f"{param}[{j}].text must be a string.")
 
 
 def validate_completion(body: dict[str, Any]) -> str:

@@ -91,10 +91,11 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
         return
     ctx.service_class = await gw.spend.admit(ctx, call)  # may clamp, downgrade or refuse; reserves the worst case
     pool = await admit(gw, ctx, call)
-    payload = await openai_api.serialise(call, ctx.service_class)
-    affinity = of_request(call.body, session) if len(pool.workers) > 1 and pool.spec.routing == "prefix" else None
     relayed, ended = Relayed(), None
-    try:
+    try:  # from here on the scheduler's slot is this request's: every exit gives it back
+        payload = await openai_api.serialise(call, ctx.service_class)
+        affinity = of_request(call.body, session) if len(pool.workers) > 1 and pool.spec.routing == "prefix" \
+            else None
         await exchange(ctx, pool, payload, sink, relayed, (call.wants_usage, call.wants_continuous_usage),
                        gw.scheduler, affinity, capture=decision is not None and decision.keep_answer, pinned=pinned)
     except BaseException as exc:

@@ -251,3 +251,26 @@ def test_a_worker_that_goes_silent_times_out_and_gives_the_lease_back() -> None:
                     else:
                         assert sink.status == 502
     asyncio.run(main())
+
+
+def test_bodies_the_worker_cannot_be_sent_are_a_400_before_admission_and_hold_no_slot() -> None:
+    """A text part that is not a string, or JSON nested past what can be written back, is the client's error, found
+    before the scheduler grants a slot: a dozen of them leave the pool as idle as it was, and the next request of
+    another tenant is served."""
+    deep = b'{"model":"sim-llama-8b","messages":[{"role":"user","content":"hi","x":' + b"[" * 300 + b"]" * 300 + b"}]}"
+
+    async def main() -> None:
+        async with FakeWorker(json_of(completion_json())) as w, running_gateway([w.url]) as gw:
+            for _ in range(6):
+                ctx, sink = await call(gw, chat(messages=[{"role": "user", "content": [
+                    {"type": "text", "text": {"not": "a string"}}]}]))
+                assert (sink.status, ctx.error) == (400, "invalid_value"), sink.body
+                assert b"messages[0].content[0].text" in sink.body
+                ctx, sink = await call(gw, deep)
+                assert (sink.status, ctx.error) == (400, "invalid_json"), sink.body
+            states = [pool.admission for pool in gw.upstreams.pools.values()]
+            assert all(not state.held for state in states), "no slot kept by a refused body"
+            assert w.requests == [], "nothing reached the worker"
+            ctx, sink = await call(gw, chat(), tenant="prem")
+            assert sink.status == 200 and inflight(gw) == 0
+    asyncio.run(main())
