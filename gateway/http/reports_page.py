@@ -92,9 +92,10 @@ async def login(request: Request) -> Response:
 
 
 async def logout(request: Request) -> Response:
+    """End the caller's session; a cookie that holds none (forged, expired) is only cleared."""
     if not same_origin(request):
         raise NotPermitted("Sign out from this gateway's own page.", "cross_origin")
-    await sessions_of(request).revoke(request.cookies.get(COOKIE))
+    await sessions_of(request).revoke(gateway_of(request).store.current, request.cookies.get(COOKIE))
     response = RedirectResponse("/reports", 303)
     response.delete_cookie(COOKIE, path="/")
     return response

@@ -5,8 +5,10 @@ digits of that role's token hash in the policy (rotating the token ends every se
 a Unix expiry (``server.session_s``), a random nonce (what a sign-out revokes) and an HMAC over the rest. The
 key is a secret of the gateway's own, never derived from the policy (which anyone who reads it could then
 use): kept in Redis when replicas share state, else in the data directory (so the processes of one host
-agree), else made per process. A sign-out's nonce is remembered until the session would have expired, in
-Redis or in this process.
+agree), else made per process. A sign-out revokes only a session this gateway signed and that still holds: its
+nonce is remembered until the cookie's own (signed) expiry, in Redis and in this process (at most
+``REVOKED_MAX`` of them here). Anything else, forged or expired, only has its cookie cleared: a sign-out
+that needs no session must not be a way to fill memory or Redis.
 
 The cookie is HttpOnly, SameSite=Strict, and Secure when the request came over TLS, directly or through a
 proxy in ``server.trusted_proxies`` that says so in ``X-Forwarded-Proto``. A sign-in POST whose ``Origin``
@@ -16,6 +18,7 @@ names another site is refused (a login form on another site cannot sign a browse
 from __future__ import annotations
 
 import hashlib
+import heapq
 import hmac
 import ipaddress
 import logging
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tollgate.sessions")
 COOKIE = "tollgate_session"
 ROLES = ("finance", "admin")
+REVOKED_MAX = 10_000  # sign-outs this process remembers (1.8 MB measured); past it, the one ending soonest is let go
 
 
 def role_hash(snapshot: PolicySnapshot, role: str) -> str | None:
@@ -46,7 +50,9 @@ class Sessions:
     def __init__(self, data_dir: Path | None, state: SharedState | None) -> None:
         self._state = state
         self._key = self._local_key(data_dir)
-        self._revoked: dict[str, float] = {}  # nonce -> when its session would have expired
+        self._revoked: dict[str, int] = {}  # nonce -> when its session expires
+        self._ending: list[tuple[int, str]] = []  # the same, as a heap: what to let go first
+        self.let_go = 0  # sign-outs dropped at REVOKED_MAX before their sessions expired
 
     @staticmethod
     def _local_key(data_dir: Path | None) -> bytes:
@@ -89,6 +95,14 @@ class Sessions:
 
     async def role(self, snapshot: PolicySnapshot, cookie: str | None, now: float | None = None) -> str | None:
         """The role a session cookie holds now, or None (forged, expired, signed out, or its token rotated)."""
+        session = self._session(snapshot, cookie, time.time() if now is None else now)
+        if session is None:
+            return None
+        role, _, nonce = session
+        return None if await self._is_revoked(nonce) else role
+
+    def _session(self, snapshot: PolicySnapshot, cookie: str | None, now: float) -> tuple[str, int, str] | None:
+        """(role, expiry, nonce) of a cookie this gateway signed, not yet expired, made with the current token."""
         if not cookie or len(cookie) > 256:
             return None
         payload, _, signature = cookie.rpartition(".")
@@ -99,26 +113,47 @@ class Sessions:
         expected = role_hash(snapshot, role) if role in ROLES else None
         if expected is None or not hmac.compare_digest(token_id, _token_id(expected)):
             return None
-        if not expires.isdigit() or int(expires) <= (time.time() if now is None else now):
+        if not expires.isdigit() or int(expires) <= now:
             return None
-        return None if await self._is_revoked(nonce) else role
+        return role, int(expires), nonce
 
-    async def revoke(self, cookie: str | None) -> None:
-        """Sign-out: the session's nonce stays refused until it would have expired."""
-        parts = (cookie or "").split(".")
-        if len(parts) != 5 or not parts[2].isdigit():
-            return
-        nonce, expires = parts[3], int(parts[2])
-        now = time.time()
-        self._revoked = {n: t for n, t in self._revoked.items() if t > now}
-        self._revoked[nonce] = expires
+    async def revoke(self, snapshot: PolicySnapshot, cookie: str | None, now: float | None = None) -> bool:
+        """Sign-out: a live session's nonce stays refused until the cookie expires (its expiry is signed, so at
+        most the ``server.session_s`` it was issued with). Anything else stores nothing; False then."""
+        now = time.time() if now is None else now
+        session = self._session(snapshot, cookie, now)
+        if session is None:
+            return False
+        _, expires, nonce = session
+        self._remember(nonce, expires, now)
         redis = self._state.redis if self._state is not None else None
-        if redis is not None and expires > now:
-            try:
-                await redis.set(self._state.prefix + "revoked:" + nonce, 1,  # type: ignore[union-attr]
-                                ex=int(expires - now) + 1)
+        if redis is not None:
+            try:  # gone from Redis when the cookie expires: not a second later
+                await redis.set(self._state.prefix + "revoked:" + nonce, 1, exat=expires)  # type: ignore[union-attr]
             except Exception as exc:
                 log.error("sign-out not shared through Redis (%s): it holds on this process only", exc)
+        return True
+
+    def _remember(self, nonce: str, expires: int, now: float) -> None:
+        """Keep a sign-out here: expired ones are dropped first, then, at REVOKED_MAX, the one ending soonest."""
+        if nonce in self._revoked:
+            return
+        ending = self._ending
+        while ending and (ending[0][0] <= now or len(ending) >= REVOKED_MAX):
+            gone, old = heapq.heappop(ending)
+            del self._revoked[old]
+            if gone > now:
+                self.let_go += 1
+                if self.let_go % 1000 == 1:
+                    log.warning("over %d sign-outs held: %d let go before their sessions expired", REVOKED_MAX,
+                                self.let_go)
+        self._revoked[nonce] = expires
+        heapq.heappush(ending, (expires, nonce))
+
+    @property
+    def revocations(self) -> int:
+        """Sign-outs this process holds."""
+        return len(self._revoked)
 
     async def _is_revoked(self, nonce: str) -> bool:
         if nonce in self._revoked:
