@@ -4,16 +4,30 @@ write, the answer parsed by httptools (the C parser uvicorn's server side alread
 Why not aiohttp's ClientSession here: profiled under load (py-spy, 64 concurrent non-streamed requests), its
 request and response objects, header multidicts, tracing signals and payload registry were ~40% of the gateway's
 event-loop CPU per request. The workers speak one dialect (a JSON POST, an answer with a length or chunked, maybe
-SSE), so the client only needs: a connection pool, one timeout for connecting and one for silence, and errors
-that say which phase failed. The scraper (gateway.fleet.observe) reads /health and /metrics with it too.
+SSE), so the client only needs: a connection pool, timeouts for connecting, for silence and for the whole
+answer, caps on what an answer may hold, and errors that say which phase failed. The scraper
+(gateway.fleet.observe) reads /health and /metrics with it too. Measured again against the well-kept clients
+(``python -m loadtest.bench_transports``, loadtest/RESULTS.md): it costs half of pyreqwest's CPU per request
+and as much per stream, and a third to a half less than aiosonic's and aiohttp's, so it stays.
+
+The framing is llhttp's (through httptools: Content-Length against Transfer-Encoding, chunk sizes, a length
+given twice); the state machine around it keeps RFC 9112's rules for a client, as h11's does, because a
+connection is shared by tenants one request after another and any slip hands one request's answer to the next:
+- an interim answer (1xx but 101) is skipped; the final answer follows it on the same connection;
+- a connection is reused only after a complete final answer with nothing after it: a byte that comes while no
+  request is outstanding, or after the answer's end, is a peer speaking out of turn and closes the connection;
+- the answer's head and body are capped as bytes arrive (before httptools buffers a header that never ends),
+  and the whole answer has a deadline beside the silence timeout between bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import select
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import httptools
@@ -41,13 +55,33 @@ class BadResponse(UpstreamError):
     """What the worker sent is not HTTP/1.1."""
 
 
+class TooLarge(BadResponse):
+    """The answer's head or body is over its cap."""
+
+
+class DeadlineExceeded(ReadTimeout):
+    """The whole answer took longer than its deadline (a worker trickling bytes is never silent for long)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Caps:
+    """What one answer may take: head and body bytes, and seconds from the request to the answer's end."""
+
+    head_bytes: int = 65536
+    body_bytes: int = 64 * 1024 * 1024
+    deadline_s: float = 900.0
+
+
+_HEAD_END = b"\r\n\r\n"
+
+
 class Response:
     """A worker's answer: ``status`` and ``headers`` once the head is in, then the body through ``read`` or
     ``readany``. ``release`` hands the connection back for reuse (after the whole body); ``close`` drops it
     (the worker sees the client leave: vLLM aborts the request)."""
 
     __slots__ = ("_chunks", "_conn", "_done", "_error", "_size", "_waiter", "headers", "keep_alive", "status",
-                 "until_close")
+                 "total", "until_close")
 
     def __init__(self, conn: _Connection) -> None:
         self._conn: _Connection | None = conn
@@ -56,7 +90,8 @@ class Response:
         self.keep_alive = False
         self.until_close = False  # the body ends when the connection does (no length, not chunked)
         self._chunks: list[bytes] = []
-        self._size = 0
+        self._size = 0  # bytes waiting to be read
+        self.total = 0  # body bytes received
         self._done = False
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -129,6 +164,7 @@ class Response:
     def _fail(self, error: BaseException) -> None:
         if not self._done:
             self._error = error
+            self._chunks, self._size = [], 0  # a failed answer delivers nothing more
             self._wake()
 
 
@@ -139,28 +175,64 @@ class _Connection(asyncio.Protocol):
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
-        self.response: Response | None = None
+        self.response: Response | None = None  # the answer under way; None while the connection is idle
         self.head: asyncio.Future[Response] | None = None
         self.closed = False
         self.received = False  # any byte of the current answer came
         self.last_read = 0.0  # loop time of the last byte read (the silence timeout counts from it)
+        self.deadline = 0.0  # loop time by which the whole answer must be in
         self.idle_since = 0.0
         self.timer: asyncio.TimerHandle | None = None
         self.paused = False
+        self.head_bytes = 0  # bytes of the answer's heads (interim ones too) so far
+        self.tail = b""  # the last bytes of the head so far, to find an end split between two reads
+        self.in_head = False  # a head (interim or final) is being read
+        self.interim = False  # the message being parsed is a 1xx
+        self.complete = False  # the final answer has ended: anything more is out of turn
+        self.broken: UpstreamError | None = None  # what a parser callback found wrong, acted on after the feed
+        self.out_of_turn = False  # a message began after the final answer ended: never reused
+        self.fd = -1
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        self.fd = sock.fileno() if sock is not None else -1
 
     def data_received(self, data: bytes) -> None:
+        if self.response is None or self.complete:
+            self.drop()  # out of turn: no request is waiting for these bytes, and the next one must not get them
+            return
         self.received = True
         self.last_read = self.pool.loop.time()
+        if self.in_head and not self._head_fits(data):
+            self._fail(TooLarge(f"the answer's head is over {self.pool.caps.head_bytes} bytes"))
+            self.drop()
+            return
         try:
             self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:  # llhttp stops at a 101: its own exception, not a parser error
+            self.broken = self.broken or BadResponse("the worker switched protocols, which no request asked for")
         except httptools.HttpParserError as exc:
-            self._fail(BadResponse(f"the worker's answer is not HTTP/1.1: {exc}"))
+            if self.complete:
+                self.out_of_turn = True  # garbage after the final answer
+            elif self.broken is None:
+                self.broken = BadResponse(f"the worker's answer is not HTTP/1.1: {exc}")
+        if self.in_head:  # a head still unfinished, or another one begun behind an interim answer: all of it counts
+            self.head_bytes += len(data)
+            self.tail = data[-3:]
+        if self.broken is not None:
+            self._fail(self.broken)
             self.drop()
+        elif self.out_of_turn:
+            self.drop()
+
+    def _head_fits(self, data: bytes) -> bool:
+        """Whether the head stays within its cap with ``data``: up to the head's end when it is in there (what
+        follows is body), else all of it."""
+        end = (self.tail + data).find(_HEAD_END)
+        return self.head_bytes + (len(data) if end < 0 else end - len(self.tail) + 4) <= self.pool.caps.head_bytes
 
     def eof_received(self) -> bool:
         return False
@@ -179,28 +251,55 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools callbacks --------------------------------------------------------------------------------
 
-    def on_header(self, name: bytes, value: bytes) -> None:
+    def on_message_begin(self) -> None:
+        if self.complete:
+            self.out_of_turn = True
+            return
+        self.in_head = True
         if self.response is not None:
+            self.response.headers = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.response is not None and not self.complete:
             self.response.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         response = self.response
-        if response is None:
+        if response is None or self.complete:
             return
-        response.status = self.parser.get_status_code()
+        self.in_head, self.tail = False, b""
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:
+            if status == 101:
+                self.broken = BadResponse("the worker switched protocols, which no request asked for")
+            self.interim = True  # skipped: the final answer follows on this connection
+            return
+        response.status = status
         response.keep_alive = self.parser.should_keep_alive()
         names = {name for name, _ in response.headers}
         response.until_close = b"content-length" not in names and b"transfer-encoding" not in names and \
-            response.status not in (204, 304)
+            status not in (204, 304)
         head, self.head = self.head, None
         if head is not None and not head.done():
             head.set_result(response)
 
     def on_body(self, body: bytes) -> None:
-        if self.response is not None:
-            self.response._feed(body)
+        response = self.response
+        if response is None or self.complete or self.broken is not None:
+            return
+        response.total += len(body)
+        if response.total > self.pool.caps.body_bytes:
+            self.broken = TooLarge(f"the answer's body is over {self.pool.caps.body_bytes} bytes")
+            return
+        response._feed(body)
 
     def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim, self.in_head = False, True  # the final answer's head comes next
+            return
+        if self.complete:
+            return
+        self.complete = True
         self._cancel_timer()
         if self.response is not None:
             self.response._end()
@@ -209,23 +308,32 @@ class _Connection(asyncio.Protocol):
 
     def send(self, data: bytes, read_timeout: float) -> asyncio.Future[Response]:
         assert self.transport is not None
+        if self.closed:  # handed over idle, and closed (by the worker, or for speaking out of turn) on the way
+            raise Disconnected("the connection closed before the request was sent")
         loop = self.pool.loop
         self.response = Response(self)
         self.head = loop.create_future()
-        self.received = False
+        self.received = self.complete = self.interim = False
+        self.in_head, self.head_bytes, self.tail, self.broken = True, 0, b"", None
         self.last_read = loop.time()
-        self.timer = loop.call_at(self.last_read + read_timeout, self._check_silence, read_timeout)
+        self.deadline = self.last_read + self.pool.caps.deadline_s
+        self.timer = loop.call_at(min(self.last_read + read_timeout, self.deadline), self._check_time, read_timeout)
         self.transport.write(data)
         return self.head
 
-    def _check_silence(self, read_timeout: float) -> None:
+    def _check_time(self, read_timeout: float) -> None:
         now = self.pool.loop.time()
-        if now - self.last_read >= read_timeout:
-            self.timer = None
-            self._fail(ReadTimeout(f"the worker sent nothing for {read_timeout:g}s"))
-            self.drop()
+        if now >= self.deadline:
+            error: UpstreamError = DeadlineExceeded(f"the answer took over {self.pool.caps.deadline_s:g}s")
+        elif now - self.last_read >= read_timeout:
+            error = ReadTimeout(f"the worker sent nothing for {read_timeout:g}s")
         else:
-            self.timer = self.pool.loop.call_at(self.last_read + read_timeout, self._check_silence, read_timeout)
+            self.timer = self.pool.loop.call_at(min(self.last_read + read_timeout, self.deadline), self._check_time,
+                                                read_timeout)
+            return
+        self.timer = None
+        self._fail(error)
+        self.drop()
 
     def _fail(self, error: UpstreamError) -> None:
         head, self.head = self.head, None
@@ -243,11 +351,12 @@ class _Connection(asyncio.Protocol):
     def finish(self, reuse: bool) -> None:
         """The current request is over: keep the connection for the next one, or drop it."""
         self._cancel_timer()
+        self.received = False
         self.response = None
         self.head = None
         if self.paused:
             self.resume()
-        if reuse and not self.closed:
+        if reuse and self.complete and not self.out_of_turn and not self.closed:
             self.pool.put(self)
         else:
             self.drop()
@@ -274,7 +383,8 @@ class OriginPool:
     """The connections to one worker: idle ones reused most recent first, at most ``limit`` open; a request
     beyond the limit waits (within the connect timeout) for one to come back."""
 
-    def __init__(self, url: str, limit: int, keepalive_s: float, on_connect: Callable[[], None] | None) -> None:
+    def __init__(self, url: str, limit: int, keepalive_s: float, on_connect: Callable[[], None] | None,
+                 caps: Caps) -> None:
         parts = urlsplit(url)
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -283,11 +393,25 @@ class OriginPool:
         self.limit = limit
         self.keepalive_s = keepalive_s
         self.on_connect = on_connect
+        self.caps = caps
         self.idle: collections.deque[_Connection] = collections.deque()
         self.open = 0
         self.closing = False  # the pool was retired: connections still busy close when their answers end
         self.waiters: collections.deque[asyncio.Future[_Connection | None]] = collections.deque()
         self.loop = asyncio.get_running_loop()
+        self._poll = select.poll()
+
+    def quiet(self, conn: _Connection) -> bool:
+        """Whether an idle connection has nothing waiting to be read. Bytes the worker sent since the loop last
+        polled are not yet seen by data_received; one poll(2) with no wait, at reuse, finds them (or the
+        worker's close) before another request is written behind them."""
+        if conn.fd < 0:
+            return True
+        self._poll.register(conn.fd, select.POLLIN)
+        try:
+            return not self._poll.poll(0)
+        finally:
+            self._poll.unregister(conn.fd)
 
     async def acquire(self, connect_timeout: float) -> tuple[_Connection, bool]:
         """A connection, and whether it was used before (a reused one may have been closed by the worker
@@ -295,7 +419,7 @@ class OriginPool:
         now = self.loop.time()
         while self.idle:
             conn = self.idle.pop()
-            if not conn.closed and now - conn.idle_since < self.keepalive_s:
+            if not conn.closed and now - conn.idle_since < self.keepalive_s and self.quiet(conn):
                 self._expire(now)
                 return conn, True
             conn.drop()
@@ -320,6 +444,8 @@ class OriginPool:
                         from None
                 raise
             if handed is not None:
+                if not self.quiet(handed):
+                    handed.drop()  # send() finds it closed, and the request is tried once more
                 return handed, True
         return await self._connect(connect_timeout), False
 
@@ -385,8 +511,8 @@ class Client:
     """Requests to a pool's workers, each over that worker's ``OriginPool``."""
 
     def __init__(self, limit: int, keepalive_s: float, connect_timeout: float, read_timeout: float,
-                 on_connect: Callable[[], None] | None = None) -> None:
-        self.limit, self.keepalive_s = limit, keepalive_s
+                 on_connect: Callable[[], None] | None = None, caps: Caps = Caps()) -> None:
+        self.limit, self.keepalive_s, self.caps = limit, keepalive_s, caps
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         self.on_connect = on_connect
         self.origins: dict[str, OriginPool] = {}
@@ -394,7 +520,7 @@ class Client:
     def _origin(self, url: str) -> OriginPool:
         origin = self.origins.get(url)
         if origin is None:
-            origin = self.origins[url] = OriginPool(url, self.limit, self.keepalive_s, self.on_connect)
+            origin = self.origins[url] = OriginPool(url, self.limit, self.keepalive_s, self.on_connect, self.caps)
         return origin
 
     async def request(self, method: bytes, url: str, path: str, body: bytes = b"",

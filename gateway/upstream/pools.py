@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from gateway.fleet.observe import scrape, scrape_forever
+from gateway.fleet.observe import MAX_METRICS_BYTES, scrape, scrape_forever
 from gateway.fleet.worker import Worker
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import Pool
 from gateway.scheduling.queues import PoolState
 from gateway.upstream.affinity import PrefixIndex
-from gateway.upstream.http1 import Client
+from gateway.upstream.http1 import Caps, Client
 
 
 class Lease:
@@ -40,6 +40,11 @@ class Lease:
         self.worker.inflight -= 1
 
 
+# The scrapes' answers: a head of a worker's size, a body the readers cap themselves (gateway.fleet.observe), and no
+# deadline past the scrape's own timeout.
+SCRAPE_CAPS = Caps(head_bytes=16384, body_bytes=2 * MAX_METRICS_BYTES, deadline_s=60.0)
+
+
 class UpstreamPool:
     """A pool's keep-alive client, its workers, and their scraper."""
 
@@ -56,13 +61,14 @@ class UpstreamPool:
         # connect: the wait for a free connection + TCP connect; read: the longest silence between upstream bytes.
         # The count of connections opened, against requests, is the keep-alive reuse.
         self.client = Client(spec.max_connections, spec.keepalive_s, spec.connect_timeout_s, spec.read_timeout_s,
-                             metrics.upstream_connections.labels(name).inc)
+                             metrics.upstream_connections.labels(name).inc,
+                             Caps(spec.max_answer_head_bytes, spec.max_answer_bytes, spec.answer_deadline_s))
         # /health and /metrics, over connections of their own (a busy pool's limit never delays a health check),
         # with the requests' client: reading the workers is most of what an idle gateway does, and aiohttp's
         # session, used here before, made an idle gateway with two workers cost 0.57-0.60% of a core against
         # 0.47-0.53% now (bench_idle, alternated).
         self._scrape_timeout = min(2.0, max(0.5, spec.scrape_interval_s * 2))
-        self._scrape_client = Client(2, 60.0, self._scrape_timeout, self._scrape_timeout)
+        self._scrape_client = Client(2, 60.0, self._scrape_timeout, self._scrape_timeout, caps=SCRAPE_CAPS)
         self._scraper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
