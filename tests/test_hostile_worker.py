@@ -1,0 +1,80 @@
+"""A hostile worker behind the pipeline, in-process: interim answers and stray bytes never move one tenant's answer
+to another's request, and every failure leaves the pool as it found it."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import orjson
+
+from gateway.runtime import Gateway
+from tests.fakes import MODEL, call, inflight, running_gateway
+from tests.hostile_worker import HostileWorker
+
+
+def asking(mode: str, mark: str) -> dict[str, object]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": f"mode:{mode} mark:{mark}"}], "max_tokens": 8}
+
+
+def content(body: bytes) -> str:
+    return orjson.loads(body)["choices"][0]["message"]["content"]
+
+
+def test_ten_thousand_requests_of_two_tenants_each_get_their_own_answer() -> None:
+    """Two tenants alternate over a pool of two connections; the worker puts interim answers before its answers
+    and stray answers after them (in the same write, or in one of their own right behind) at random. Every
+    request gets the answer meant for it: none gets another's, none gets a stray one."""
+    rng = random.Random(26)
+    modes = ("ok", "interim", "stray_after", "stray_later")
+    wrong: list[tuple[str, str]] = []
+    statuses: dict[int, int] = {}
+
+    async def user(gw: object, tenant: str, n: int) -> None:
+        for i in range(n):
+            mark = f"{tenant}-{i}"
+            _, sink = await call(gw, asking(rng.choice(modes), mark), tenant=tenant)  # type: ignore[arg-type]
+            statuses[sink.status or 0] = statuses.get(sink.status or 0, 0) + 1
+            if sink.status == 200 and (got := content(sink.body)) != f"answer for {mark}":
+                wrong.append((mark, got))
+
+    async def main() -> None:
+        async with HostileWorker() as worker, running_gateway([worker.url], max_connections=2) as gw:
+            await asyncio.gather(*(user(gw, ("demo", "prem")[k % 2], 1250) for k in range(8)))
+            assert inflight(gw) == 0
+            assert worker.requests == 10_000
+            assert worker.connections > 2, "connections that spoke out of turn were replaced"
+    asyncio.run(main())
+    assert wrong == [], f"{len(wrong)} answers went to the wrong request, e.g. {wrong[:3]}"
+    assert statuses == {200: 10_000}
+
+
+async def readmitted(gw: Gateway, within_s: float = 10.0) -> None:
+    """Until the scraper has taken the cooled-down worker back (its next health check after the cooldown)."""
+    async with asyncio.timeout(within_s):
+        while not all(w.observed.healthy for pool in gw.upstreams.pools.values() for w in pool.workers):
+            await asyncio.sleep(0.02)
+
+
+def test_each_broken_answer_is_a_502_that_frees_its_slot_and_spares_the_next_request() -> None:
+    """A head that never ends, a body past its cap (streamed or not), an answer that trickles past its deadline,
+    bytes that are not HTTP: the client gets a 502 naming nothing internal, the in-flight count is back to 0, and
+    the next request, another tenant's, is answered by the same worker (after its cooldown) with its own answer."""
+    caps = {"max_answer_head_bytes": 16384, "max_answer_bytes": 1 << 20, "answer_deadline_s": 1.0,
+            "read_timeout_s": 5.0, "cooldown_s": 0.0}
+
+    async def main() -> None:
+        async with HostileWorker() as worker, running_gateway([worker.url], **caps) as gw:
+            for mode in ("endless_header", "huge_body", "trickle", "garbage"):
+                ctx, sink = await call(gw, asking(mode, "a"), tenant="demo")
+                assert (sink.status, ctx.error) == (502, "upstream_broken"), (mode, sink.status, sink.body)
+                assert b"127.0.0.1" not in sink.body and inflight(gw) == 0, mode
+                await readmitted(gw)
+                ctx, sink = await call(gw, asking("ok", "next"), tenant="prem")
+                assert sink.status == 200 and content(sink.body) == "answer for next", mode
+            ctx, sink = await call(gw, {**asking("huge_stream", "s"), "stream": True}, tenant="demo")
+            assert sink.status == 200 and b"upstream_stream_broken" in sink.body and sink.body.endswith(
+                b"data: [DONE]\n\n"), sink.body[-300:]
+            assert len(sink.body) < 2 << 20, "cut at its cap"
+            assert inflight(gw) == 0
+    asyncio.run(main())
