@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import select
 import socket
 import string
 import time
@@ -90,6 +91,69 @@ def test_2_an_oversized_header_is_refused_before_it_is_read(sim_and_gateway: tup
     assert time.monotonic() - started < 5
     assert metric_value(gw.url, "tollgate_worker_healthy") == 1, "the worker stayed in routing"
     assert httpx.post(gw.url + "/v1/chat/completions", json=chat(), headers=AUTH, timeout=30).status_code == 200
+
+
+def read_to_close(sock: socket.socket) -> bytes:
+    """What the server sent until it closed (a reset after its answer ends the read like a close)."""
+    out = b""
+    while True:
+        try:
+            part = sock.recv(65536)
+        except ConnectionResetError:
+            return out
+        if not part:
+            return out
+        out += part
+
+
+def test_2b_a_header_that_never_ends_is_refused_as_it_arrives(sim_and_gateway: tuple[Proc, Proc]) -> None:
+    """httptools keeps an unfinished header whole: counted only once complete, one without an end took 114 MB."""
+    _, gw = sim_and_gateway
+    host, port = gw.url.removeprefix("http://").split(":")
+    junk, sent = b"x" * 65536, 0
+    with socket.create_connection((host, int(port)), timeout=10) as attacker:
+        attacker.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-junk: ")
+        assert httpx.get(gw.url + "/healthz").status_code == 200, "a head in progress holds nothing up"
+        try:
+            while sent < 8 * 1024 * 1024 and not select.select([attacker], [], [], 0)[0]:
+                attacker.sendall(junk)
+                sent += len(junk)
+                assert httpx.get(gw.url + "/healthz").status_code == 200
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused and closed while this was still sending
+        reply = read_to_close(attacker)
+    assert reply.startswith(b"HTTP/1.1 431"), (sent, reply[:100])
+    head, body = reply.split(b"\r\n\r\n", 1)
+    assert b"connection: close" in head.lower()
+    assert json.loads(body)["error"] == {"message": "The request headers are too large or too many.",
+                                         "type": "invalid_request_error", "param": None,
+                                         "code": "headers_too_large"}
+    assert httpx.get(gw.url + "/healthz").status_code == 200
+
+
+def at_the_head_limit(extra: int = 0) -> bytes:
+    """A chat request whose head is the whole head limit (strict_policy: 8192 for the request line, 8192 for the
+    headers, counted together as they arrive) plus ``extra`` bytes, with its body in the same write."""
+    body = json.dumps(chat()).encode() + b" " * 20_000  # more than the head's room, sent with it
+    line = b"POST /v1/chat/completions?pad=" + b"a" * (8192 - 30) + b" HTTP/1.1\r\n"
+    fields = b"host: x\r\nauthorization: Bearer %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" % (
+        DEMO_KEY.encode(), len(body))
+    pad = 16384 + extra - len(line) - len(fields) - len(b"x-pad: \r\n\r\n")
+    head = line + fields + b"x-pad: " + b"b" * pad + b"\r\n\r\n"
+    assert len(head) == 16384 + extra
+    return head + body
+
+
+def test_2c_a_head_at_the_limit_is_served_and_each_request_has_its_own_count(
+        sim_and_gateway: tuple[Proc, Proc]) -> None:
+    _, gw = sim_and_gateway
+    # two at the limit, pipelined in one write (the last one closes): neither is charged the other's bytes or
+    # the body that came with its head
+    last = at_the_head_limit().replace(b"host: x\r\n", b"host: x\r\nconnection: close\r\n", 1)
+    last = last.replace(b"b" * 19, b"", 1)  # the same length: the connection header's room taken from x-pad
+    reply = raw_exchange(gw.url, at_the_head_limit() + last, wait_s=30)
+    assert reply.count(b"HTTP/1.1 200") == 2, reply[:300]
+    assert raw_exchange(gw.url, at_the_head_limit(extra=1)).startswith(b"HTTP/1.1 431")
 
 
 def test_3_an_empty_policy_never_replaces_the_live_one(sim_and_gateway: tuple[Proc, Proc]) -> None:

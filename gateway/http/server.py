@@ -7,7 +7,9 @@ Measured on this gateway before this module: a 64 MiB header was read in full an
 
 ``GuardedHttpToolsProtocol`` adds, from the policy's ``server`` section:
 - a request line (414) and head (431) size limit and a header count limit (431), checked as the parser
-  hands over each piece, so an oversized head is refused before it is buffered;
+  hands over each piece; and the head's bytes counted as they arrive, the parser fed no more than the head's
+  room at a time, so a header that never ends (which httptools would keep whole until it does) is refused at
+  the request line's and the headers' limits together before it is buffered;
 - an idle timeout for a connection that has not sent a byte (closed), a head timeout from a request's
   first byte to the end of its head (408), and a body timeout from the head to the end of the body (408);
 - concurrent connections are capped by uvicorn's ``limit_concurrency`` (503), set from the same section.
@@ -37,6 +39,7 @@ _MESSAGES = {
 # 200 MB would otherwise need 6.7 MB/s within the 30 s default; a trickle (under 64 KiB per timeout) still ends.
 UPLOAD_PATH = b"/v1/files"
 UPLOAD_PROGRESS_BYTES = 64 * 1024
+LINGER_S = 2.0  # how long a refused connection's client may go on sending (read and dropped) before it is closed
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,11 @@ class Limits:
     idle_timeout_s: float
     header_timeout_s: float
     body_timeout_s: float
+
+    @property
+    def max_head_bytes(self) -> int:
+        """The whole head, counted raw as it arrives: the request line's limit and the headers' together."""
+        return self.max_request_line_bytes + self.max_header_bytes
 
     @classmethod
     def from_policy(cls, server: Server) -> Limits:
@@ -69,6 +77,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._expiry_status: int | None = None  # answered when the deadline passes (None: just close)
         self._line_bytes = 0
         self._head_bytes = 0
+        self._in_head = True  # the next byte fed is part of a request head (from its first byte to its end)
+        self._head_room = self.limits.max_head_bytes  # what the head may still take, in raw bytes
         self._header_count = 0
         self._refused = False
         self._upload_progress = -1  # bytes of an upload's body since its deadline moved; -1: not an upload
@@ -97,14 +107,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # -- refusing -------------------------------------------------------------------------------------
 
     def _refuse(self, status: int) -> None:
-        """Answer ``status`` with an OpenAI-shaped error and close; ignore whatever else arrives."""
+        """Answer ``status`` with an OpenAI-shaped error and end the connection; drop whatever else arrives.
+
+        The answer is followed by a FIN, and what the client still sends is read and dropped until it closes or
+        LINGER_S pass: closing with its bytes unread would send a reset, which can reach the client before it
+        reads the answer (a client still writing an oversized head sees only "connection reset")."""
         self._refused = True
-        self._deadline = None
         message, code = _MESSAGES[status]
         body = body_of(InvalidRequest(message, code))
         self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
                              b"connection: close\r\n\r\n" % (status, _REASONS[status], len(body)) + body)
-        self.transport.close()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.flow.resume_reading()
+            self._arm(LINGER_S, None)
+        else:
+            self.transport.close()
         if self.cycle is not None and not self.cycle.response_complete:
             self.cycle.disconnected = True
             self.cycle.message_event.set()
@@ -121,9 +139,21 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._refused:
-            return
-        super().data_received(data)
+        """Feed the parser at most the head's room at a time: past it with the head unfinished, refuse (431).
+
+        A body is fed in pieces of the same size, so a request pipelined behind it in the same read goes
+        uncounted for less than one limit (the parser cannot say where in a piece a request began)."""
+        view = memoryview(data)
+        while view and not self._refused and not self.transport.is_closing():
+            piece = view[:self._head_room if self._in_head else self.limits.max_head_bytes]
+            view = view[len(piece):]
+            if self._in_head:
+                self._head_room -= len(piece)  # before feeding: a request that ends in the piece starts afresh
+            super().data_received(piece)
+            if self.transport.get_protocol() is not self:
+                return  # upgraded to a WebSocket: uvicorn hands it the head and drops the rest of the read
+            if self._in_head and not self._head_room and not self._refused:
+                self._refuse(431)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -152,6 +182,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         if self._refused:
             return
+        self._in_head = False
         self._arm(self.limits.body_timeout_s, 408)
         self._upload_progress = 0 if self.url.startswith(UPLOAD_PATH) else -1
         super().on_headers_complete()
@@ -170,6 +201,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._refused:
             return
         self._disarm()
+        self._in_head, self._head_room = True, self.limits.max_head_bytes
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
