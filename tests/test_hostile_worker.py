@@ -10,7 +10,7 @@ import orjson
 
 from gateway.runtime import Gateway
 from tests.fakes import MODEL, call, inflight, running_gateway
-from tests.hostile_worker import HostileWorker
+from loadtest.hostile_worker import HostileWorker
 
 
 def asking(mode: str, mark: str) -> dict[str, object]:

@@ -116,8 +116,14 @@ class Pool(Strict):
                                      "sent to its last byte (a worker trickling bytes is never silent for long)")
     max_answer_head_bytes: int = Field(65536, ge=1024, description="larger answer heads (1xx ones included) are "
                                        "refused as they arrive: 502, the connection dropped")
-    max_answer_bytes: int = Field(64 * 1024 * 1024, ge=65536, description="larger answer bodies (streamed or "
-                                  "not) are cut as they arrive: 502, or an error event in a started stream")
+    max_answer_bytes: int = Field(32 * 1024 * 1024, ge=65536, description="larger answer bodies (streamed or "
+                                  "not) are cut as they arrive: 502, or an error event in a started stream. A "
+                                  "non-streamed answer is held whole: this is what one can take of memory (2,048 "
+                                  "embeddings of 1,024 floats are ~40 MB as JSON, ~11 MB as base64)")
+    scrape_interval_s: float = Field(0.5, ge=0.1, le=10)
+    cooldown_s: float = Field(5.0, ge=0, description="how long a failed worker is left out before re-admission")
+    unhealthy_after: int = Field(3, ge=1, description="consecutive failed health checks before a worker is left "
+                                 "out (a failed request leaves it out at once)")
     max_inflight_per_worker: int = Field(256, ge=1, description="upper bound of requests the gateway keeps on one "
                                          "worker; below it the gateway learns each worker's own from its metrics")
     autoscaling: Autoscaling = Autoscaling()

@@ -68,7 +68,7 @@ class Caps:
     """What one answer may take: head and body bytes, and seconds from the request to the answer's end."""
 
     head_bytes: int = 65536
-    body_bytes: int = 64 * 1024 * 1024
+    body_bytes: int = 32 * 1024 * 1024
     deadline_s: float = 900.0
 
 

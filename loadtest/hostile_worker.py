@@ -1,4 +1,5 @@
-"""A worker that speaks raw HTTP/1.1 and misbehaves on request: each chat request's last user message names its
+"""A worker that speaks raw HTTP/1.1 and misbehaves on request (for tests/test_hostile_worker.py and
+loadtest/bench_bytes.py): each chat request's last user message names its
 misbehaviour (``mode:<name> mark:<text>``), so one test runs a battery of cases over one pool.
 
 It answers /health and /metrics as a healthy vLLM would, so the gateway keeps it in routing between the cases.
@@ -29,6 +30,16 @@ def completion(mark: str, usage: bool = True) -> bytes:
     if usage:
         body["usage"] = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
     return orjson.dumps(body)
+
+
+def embeddings(body: bytes, dimensions: int = 1024) -> bytes:
+    """An embeddings answer as large as an engine's can honestly be: one 1,024-float vector per input."""
+    given = orjson.loads(body).get("input")
+    count = len(given) if isinstance(given, list) and given and isinstance(given[0], str) else 1
+    vector = [random.random() for _ in range(dimensions)]
+    return orjson.dumps({"object": "list", "model": "embed", "data": [
+        {"object": "embedding", "index": i, "embedding": vector} for i in range(count)],
+        "usage": {"prompt_tokens": 4 * count, "total_tokens": 4 * count}})
 
 
 def http(body: bytes, status: bytes = b"200 OK", extra: bytes = b"") -> bytes:
@@ -65,6 +76,7 @@ class HostileWorker:
         self.connections = 0
         self.requests = 0
         self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> HostileWorker:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -74,6 +86,9 @@ class HostileWorker:
     async def __aexit__(self, *exc: object) -> None:
         assert self._server is not None
         self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     @classmethod
     @contextlib.contextmanager
@@ -99,7 +114,12 @@ class HostileWorker:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
-        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                                 asyncio.CancelledError):
             while True:
                 head, body = await read_request(reader)
                 path = head.split(b" ", 2)[1]
@@ -107,6 +127,9 @@ class HostileWorker:
                     writer.write(http(b""))
                 elif path == b"/metrics":
                     writer.write(http(METRICS))
+                elif path == b"/v1/embeddings":
+                    self.requests += 1
+                    writer.write(http(embeddings(body)))
                 else:
                     self.requests += 1
                     if not await self._answer(writer, *mode_of(body)):
