@@ -75,6 +75,7 @@ class HostileWorker:
         self.url = ""
         self.connections = 0
         self.requests = 0
+        self.metrics_mode = "ok"  # or endless_header, huge_body: what /metrics answers
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -126,6 +127,9 @@ class HostileWorker:
                 if path == b"/health":
                     writer.write(http(b""))
                 elif path == b"/metrics":
+                    if self.metrics_mode != "ok":
+                        await self._answer(writer, self.metrics_mode, "")
+                        break
                     writer.write(http(METRICS))
                 elif path == b"/v1/embeddings":
                     self.requests += 1

@@ -8,9 +8,13 @@ import random
 
 import orjson
 
+from gateway.fleet.observe import scrape
+from gateway.fleet.worker import Worker
 from gateway.runtime import Gateway
-from tests.fakes import MODEL, call, inflight, running_gateway
+from gateway.upstream.http1 import Client
+from gateway.upstream.pools import SCRAPE_CAPS
 from loadtest.hostile_worker import HostileWorker
+from tests.fakes import MODEL, call, inflight, running_gateway
 
 
 def asking(mode: str, mark: str) -> dict[str, object]:
@@ -77,4 +81,20 @@ def test_each_broken_answer_is_a_502_that_frees_its_slot_and_spares_the_next_req
                 b"data: [DONE]\n\n"), sink.body[-300:]
             assert len(sink.body) < 2 << 20, "cut at its cap"
             assert inflight(gw) == 0
+    asyncio.run(main())
+
+
+def test_a_metrics_page_that_never_ends_is_cut_and_the_worker_stays_in_routing() -> None:
+    """The scraper reads every worker twice a second: a /metrics head or body that never ends is cut at its cap
+    (the scrapes' own), counted as a metrics failure, and /health alone keeps the worker in routing."""
+    async def main() -> None:
+        async with HostileWorker() as hostile:
+            client = Client(2, 60.0, 5.0, 5.0, caps=SCRAPE_CAPS)
+            for mode, said in (("endless_header", "head"), ("huge_body", "over")):
+                hostile.metrics_mode = mode
+                worker = Worker(hostile.url, "p")
+                await scrape(worker, client, 5.0)
+                assert worker.observed.healthy, mode
+                assert said in (worker.observed.metrics_error or ""), (mode, worker.observed.metrics_error)
+            client.close()
     asyncio.run(main())
