@@ -97,9 +97,25 @@ class Gateway:
         policy = self.store.current.policy
         if not policy.models:
             return "no model is configured"
-        missing = [name for name, route in policy.models.items()
-                   if not (pool := self.upstreams.pools.get(route.pool)) or not pool.ready()]
-        return f"no healthy worker for: {', '.join(missing)}" if missing else None
+        # Any model, not every one: a replica is taken out of its Service as a whole, so waiting for every pool
+        # would make one pool's outage every model's. A model whose pool is down gets its own 503.
+        return None if any(self.servable().values()) else "no healthy worker for any model"
+
+    def servable(self) -> dict[str, bool]:
+        """Each model of the policy: whether its pool has a worker admitted for routing now."""
+        pools = self.upstreams.pools
+        return {name: (pool := pools.get(route.pool)) is not None and pool.healthy_workers() > 0
+                for name, route in self.store.current.policy.models.items()}
+
+    def publish_health(self) -> None:
+        """The pools' healthy workers and the models' readiness, set when /metrics is read; cleared first, so a
+        pool or model that a reload removed leaves no series behind."""
+        self.metrics.pool_healthy.clear()
+        self.metrics.model_ready.clear()
+        for name, pool in self.upstreams.pools.items():
+            self.metrics.pool_healthy.labels(name).set(pool.healthy_workers())
+        for model, ok in self.servable().items():
+            self.metrics.model_ready.labels(model).set(ok)
 
     def _on_metrics(self, pool: str) -> None:
         """Fresh worker metrics may have opened room: let the scheduler grant what fits (event-driven)."""

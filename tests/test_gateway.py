@@ -377,3 +377,33 @@ def test_readiness_follows_worker_health(start_sim: Starter, start_gateway: Star
     sim.kill()
     assert wait_for(lambda: httpx.get(gw.url + "/readyz").status_code == 503)
     assert httpx.get(gw.url + "/healthz").status_code == 200
+
+
+def test_one_pool_down_leaves_the_replica_ready_and_its_model_a_503(start_sim: Starter,
+                                                                     start_gateway: Starter) -> None:
+    """Readiness takes a replica out of its Service for every model, so it waits only for all of them to be down:
+    one pool down (a gateway even started so) is that pool's models' 503, seen in /metrics and /admin/queues."""
+    sim = start_sim("--zero-delay")
+    policy = policy_dict([sim.url])
+    policy["pools"]["down"] = {**policy["pools"]["main"], "workers": ["http://127.0.0.1:9"]}  # nothing listens
+    policy["models"]["other-model"] = {"pool": "down"}
+    gw = start_gateway(policy)  # waits for /readyz: before, a gateway started with a pool down never got there
+    ready = httpx.get(gw.url + "/readyz")
+    assert ready.status_code == 200 and ready.json()["unavailable_models"] == ["other-model"]
+    refused = post(gw, {**chat(), "model": "other-model"})
+    assert_openai_error(refused, 503, "upstream_unavailable")
+    assert refused.json()["error"]["type"] == "server_error" and "'other-model'" in refused.json()["error"]["message"]
+    assert int(refused.headers["retry-after"]) >= 1
+    assert post(gw, chat()).status_code == 200, "the other pool's model is served"
+    assert metric_value(gw.url, "tollgate_pool_healthy_workers", pool="main") == 1
+    assert metric_value(gw.url, "tollgate_pool_healthy_workers", pool="down") == 0
+    assert metric_value(gw.url, "tollgate_model_ready", model=MODEL) == 1
+    assert metric_value(gw.url, "tollgate_model_ready", model="other-model") == 0
+    queues = httpx.get(gw.url + "/admin/queues", headers=_admin(gw)).json()
+    assert {name: view["healthy_workers"] for name, view in queues["pools"].items()} == {"main": 1, "down": 0}
+    assert queues["models"] == {MODEL: {"pool": "main", "ready": True},
+                                "other-model": {"pool": "down", "ready": False}}
+    sim.kill()  # now no model can be served
+    assert wait_for(lambda: httpx.get(gw.url + "/readyz").status_code == 503)
+    assert httpx.get(gw.url + "/readyz").json()["reason"] == "no healthy worker for any model"
+    assert metric_value(gw.url, "tollgate_pool_healthy_workers", pool="main") == 0

@@ -54,15 +54,19 @@ async def purge_cache(request: Request) -> Response:
 
 
 async def queues(request: Request) -> Response:
-    """Per pool: requests started, drain rate, and per class the depth, oldest wait and depth by tenant; and the
-    prompt blocks the prefix index places on each worker (what routing believes each engine caches)."""
+    """Per pool: its workers admitted for routing, requests started, drain rate, and per class the depth, oldest
+    wait and depth by tenant; and the prompt blocks the prefix index places on each worker (what routing believes
+    each engine caches). Per model: its pool and whether that pool can serve it now."""
     require_admin(request)
     gw = gateway_of(request)
     upstreams = gw.upstreams.pools
     pools = gw.scheduler.snapshot(p.admission for p in upstreams.values())
     for name, view in pools.items():
+        view["healthy_workers"] = upstreams[name].healthy_workers()
         view["prefix_blocks"] = {w.url: upstreams[name].prefixes.footprint[w.url] for w in upstreams[name].workers}
-    return json_response({"mode": gw.store.current.policy.scheduling.mode, "pools": pools})
+    policy = gw.store.current.policy
+    models = {name: {"pool": policy.models[name].pool, "ready": ok} for name, ok in gw.servable().items()}
+    return json_response({"mode": policy.scheduling.mode, "pools": pools, "models": models})
 
 
 async def anomalies(request: Request) -> Response:

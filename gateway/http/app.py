@@ -88,10 +88,13 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    reason = gateway_of(request).unready()
+    """Ready while any model can be served; the models that cannot are named (and each answers its own 503)."""
+    gw = gateway_of(request)
+    reason = gw.unready()
     if reason:
         return json_response({"status": "unready", "reason": reason}, 503)
-    return json_response({"status": "ready"})
+    return json_response({"status": "ready",
+                          "unavailable_models": sorted(m for m, ok in gw.servable().items() if not ok)})
 
 
 async def metrics(request: Request) -> Response:
@@ -99,6 +102,7 @@ async def metrics(request: Request) -> Response:
     gw = gateway_of(request)
     for pool in gw.upstreams.pools.values():
         pool.publish()
+    gw.publish_health()
     return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

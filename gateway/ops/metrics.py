@@ -37,6 +37,10 @@ class GatewayMetrics:
                                registry=r)
         self.worker_up = Gauge("tollgate_worker_healthy", "1 if the worker is admitted for routing.",
                                ["pool", "worker"], registry=r)
+        self.pool_healthy = Gauge("tollgate_pool_healthy_workers", "Workers of the pool admitted for routing (at 0 "
+                                  "its models are answered 503, or by a fallback).", ["pool"], registry=r)
+        self.model_ready = Gauge("tollgate_model_ready", "1 while the model's own pool has a worker admitted for "
+                                 "routing (at 0 a request may still be served by a fallback).", ["model"], registry=r)
         self.worker_inflight = Gauge("tollgate_worker_inflight", "Gateway requests in flight on the worker.",
                                      ["pool", "worker"], registry=r)
         self.worker_waiting = Gauge("tollgate_worker_waiting", "vLLM waiting queue (scraped).",

@@ -107,9 +107,10 @@ class UpstreamPool:
     def inflight(self) -> int:
         return sum(w.inflight for w in self.workers)
 
-    def ready(self) -> bool:
+    def healthy_workers(self) -> int:
+        """Workers admitted for routing now: healthy by the scraper and not cooling down."""
         now = time.monotonic()
-        return any(w.available(now) for w in self.workers)
+        return sum(w.available(now) for w in self.workers)
 
     async def close(self) -> None:
         if self._scraper:
