@@ -7,13 +7,15 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
 from gateway.policy.loader import PolicyError, diff, parse_policy
-from tests.conftest import ROOT, policy_dict
+from tests.conftest import ADMIN_TOKEN, ROOT, Proc, policy_dict
 
 
 def tollgate(*args: str) -> subprocess.CompletedProcess[str]:
@@ -124,3 +126,30 @@ def test_worker_render(tmp_path: Path) -> None:
                                                                         "num_speculative_tokens": 4}
     missing = tollgate("worker", "render", "nope", "--policy", str(path))
     assert missing.returncode != 0 and "no worker 'nope'" in missing.stderr
+
+
+def test_a_key_given_twice_is_refused_by_policy_check_and_by_the_admin_api(
+        tmp_path: Path, start_gateway: Callable[..., Proc]) -> None:
+    """An admin's second ``tier:`` line once moved a tenant to premium: now both lines are named, and nothing
+    changes."""
+    from tests.test_policy_yaml import with_second_tier
+
+    policy = policy_dict(["http://127.0.0.1:9"])
+    text, first, second = with_second_tier(yaml.safe_dump(policy))
+    path = tmp_path / "twice.yaml"
+    path.write_text(text)
+    result = tollgate("policy", "check", str(path))
+    assert result.returncode == 1
+    assert re.search(rf"^line {second}, column \d+: the key 'tier' is given twice in one mapping, on line {first} "
+                     rf"and line {second}$", result.stderr, re.M), result.stderr
+
+    gw = start_gateway(policy, ready="/healthz")
+    before = gw.extra["policy_path"].read_text()
+    admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    reply = httpx.put(gw.url + "/admin/policy", content=text, headers=admin, timeout=30)
+    assert reply.status_code == 400 and reply.json()["error"]["code"] == "invalid_policy"
+    [detail] = reply.json()["error"]["details"]
+    assert f"on line {first} and line {second}" in detail["message"] and "'tier'" in detail["message"]
+    assert gw.extra["policy_path"].read_text() == before, "nothing was written"
+    status = httpx.get(gw.url + "/admin/policy/status", headers=admin, timeout=10).json()
+    assert status["reloads_failed"] == 1 and "given twice" in status["last_error"]

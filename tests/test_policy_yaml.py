@@ -91,3 +91,44 @@ def test_a_large_policy_is_parsed_in_a_child_process_with_the_same_result() -> N
     with pytest.raises(PolicyError) as refused:
         asyncio.run(loader.parse_elsewhere(text.replace("tier: premium", "tier: platinum", 1), "bad"))
     assert "tier" in str(refused.value)
+
+
+def with_second_tier(text: str) -> tuple[str, int, int]:
+    """The policy with a second ``tier:`` line for tenant demo: (text, line of the first, line of the second)."""
+    first = "    tier: standard\n"
+    assert text.count(first) == 1
+    text = text.replace(first, first + "    tier: premium\n")
+    line = text.splitlines().index(first.rstrip("\n")) + 1
+    return text, line, line + 1
+
+
+def test_a_key_given_twice_is_an_error_naming_both_lines() -> None:
+    from tests.conftest import policy_dict
+
+    nested, first, second = with_second_tier(yaml.safe_dump(policy_dict(["http://127.0.0.1:9"])))
+    with pytest.raises(PolicyError) as refused:
+        parse_policy(nested)
+    [(where, message)] = refused.value.errors
+    assert where.startswith(f"line {second}, ") and "'tier' is given twice" in message
+    assert f"on line {first} and line {second}" in message
+    top = "version: 1\nallow_empty: true\nversion: 1\n"
+    with pytest.raises(PolicyError, match="'version' is given twice in one mapping, on line 1 and line 3"):
+        parse_policy(top)
+    for text, key in [("a: {b: 1, b: 2}\n", "'b'"), ("a: {1: x, 0x1: y}\n", "'0x1'"),
+                      ("a: {1: x, true: y}\n", "'true'"),
+                      ('{"tenants": {"demo": {"tier": "standard",\n "tier": "premium"}}}', "'tier'"),
+                      ("b: &b {x: 1}\nc: &c {y: 1}\nm: {<<: *b, <<: *c}\n", "'<<'")]:
+        with pytest.raises(PolicyError, match=f"the key {key} is given twice"):
+            load_yaml(text)
+    merged = "base: &b {a: 1, c: 2}\nfirst: [{inner: &n {<<: *b, a: 5}}]\nlater: {<<: *n, c: 9}\n"
+    assert load_yaml(merged)["first"] == [{"inner": {"a": 5, "c": 2}}], "overriding a merged key is no duplicate"
+    assert load_yaml('{"a": {"b": 1}, "c": {"b": 2}}') == {"a": {"b": 1}, "c": {"b": 2}}, "one key per mapping"
+    large = nested + "# " + "x" * (loader.ELSEWHERE_OVER + 10) + "\n"  # parsed in a child process
+    with pytest.raises(PolicyError, match=f"on line {first} and line {second}"):
+        asyncio.run(loader.parse_elsewhere(large, "large"))
+
+
+def test_a_policy_nested_too_deeply_is_an_error_not_a_crash() -> None:
+    for text in ("[" * 100_000 + "]" * 100_000, "{\"a\": " * 100_000, "a: " + "[" * 100_000):
+        with pytest.raises(PolicyError, match="nested too deeply"):
+            load_yaml(text)
