@@ -161,9 +161,13 @@ def validate_responses(body: dict[str, Any]) -> str:
     for name in ("instructions", "previous_response_id"):
         if body.get(name) is not None and not isinstance(body[name], str):
             raise _bad(name, f"'{name}' must be a string.")
-    for name in ("stream", "store"):
+    for name in ("stream", "store", "background"):
         if body.get(name) is not None and not isinstance(body[name], bool):
             raise _bad(name, f"'{name}' must be a boolean.")
+    if body.get("background"):
+        raise _bad("background", "Background responses are not supported through this gateway: the worker answers "
+                                 "'queued' with no usage and generates afterwards, outside the request, so the "
+                                 "tokens could not be metered, limited or billed. Leave 'background' unset.")
     _number(body, "temperature", 0, 2)
     _number(body, "top_p", 0, 1)
     _integer(body, "max_output_tokens", 1)
@@ -257,20 +261,31 @@ class Call:
     max_output_field: str  # which of the two the body carries
     sequences: int  # sequences it generates: each prompt of a list, times max(n, best_of); embeddings: inputs
 
+    # tokens of the stored conversation the worker puts before this prompt (a Responses API follow-up naming
+    # previous_response_id): the pipeline sets it from what the previous response used
+    carried: int = 0
+
     @property
     def prompt_estimate(self) -> int:
-        """Prompt tokens as usually written (4 bytes a token), for the scheduler's fair shares, the anomaly
-        rule's sense of a tenant's normal size, and a cut request's estimated usage: a guess, not a bound."""
-        return self.size // 4
+        """Prompt tokens as usually written (4 bytes a token, plus the conversation carried), for the scheduler's
+        fair shares, the anomaly rule's sense of a tenant's normal size, and a cut request's estimated usage: a
+        guess, not a bound."""
+        return self.size // 4 + self.carried
+
+    @property
+    def prompt_bound(self) -> int:
+        """Prompt tokens this request can use at most, whatever the body holds: every byte of the body as a
+        token (a byte-level BPE never makes more tokens than bytes, and the JSON around each message outweighs
+        the chat template's few tokens per message; dense punctuation comes near one token a byte), plus the
+        conversation carried, which the body does not show."""
+        return self.size + self.carried
 
     @property
     def worst_tokens(self) -> int:
-        """Tokens this request can use at most, a bound whatever the body holds: every byte of the body as a
-        prompt token (a byte-level BPE never makes more tokens than bytes, and the JSON around each message
-        outweighs the chat template's few tokens per message; dense punctuation comes near one token a byte),
-        plus max_tokens for every sequence. Budgets reserve it and the tokens-per-minute limit charges it,
-        then both settle to the usage the worker reports."""
-        return self.size + self.max_output * self.sequences
+        """Tokens this request can use at most: the prompt bound plus max_tokens for every sequence. Budgets
+        reserve it and the tokens-per-minute limit charges it, then both settle to the usage the worker
+        reports."""
+        return self.prompt_bound + self.max_output * self.sequences
 
     @property
     def cost(self) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 from types import TracebackType
+from urllib.parse import quote
 
 from gateway import accounting, openai_api
 from gateway.cache import replay
@@ -19,13 +20,16 @@ from gateway.cache.decision import CacheDecision, decide
 from gateway.cache.service import Lookup
 from gateway.context import RequestContext
 from gateway.errors import ClientGone, GatewayError, NotFound, Shed, Unavailable
+from gateway.fleet.worker import Worker
 from gateway.policy.schema import TIERS, ModelRoute
 from gateway.runtime import Gateway
 from gateway.scheduling.controller import Controller
 from gateway.sink import Sink
 from gateway.upstream.affinity import Affinity, of_request
 from gateway.upstream.dispatch import dispatch
+from gateway.upstream.errors import UpstreamFailed, worker_errors
 from gateway.upstream.homes import Home
+from gateway.upstream.http1 import Response
 from gateway.upstream.pools import UpstreamPool
 from gateway.upstream.relay import Relayed, relay_body, relay_stream
 
@@ -82,7 +86,10 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
     assert ctx.tenant is not None
     ctx.service_class = lower_class(ctx.tenant.tier, service_class)
     call = await openai_api.prepare(ctx, raw)
-    pinned = _home_of_previous(gw, ctx, call)
+    previous = _home_of_previous(gw, ctx, call)
+    pinned = None
+    if previous is not None:  # the worker holds the conversation, and puts it before this prompt
+        pinned, call.carried = previous.worker, previous.tokens
     ctx.charge = await gw.ratelimit.check(ctx.tenant, call.worst_tokens)  # requests and tokens per minute
     decision = await decide(gw.cache, ctx, call.body, cache_control, gw.metrics)
     if decision is not None and decision.hit:
@@ -102,13 +109,38 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
         ended = exc
         raise
     finally:  # also when the client left or the worker failed: what was delivered is counted
-        count_tokens(ctx, relayed, call.prompt_estimate)
+        count_tokens(ctx, relayed, call.prompt_estimate, sink.status)
         gw.scheduler.release(ctx, pool.admission, ended)
         if ctx.endpoint == "responses" and ctx.worker is not None:  # where a follow-up must go
             start = relayed.head if ctx.stream else (relayed.captured or b"")[:512]
-            gw.responses.remember(start, Home(ctx.tenant.name, pool.name, ctx.worker))
+            gw.responses.remember(start, Home(ctx.tenant.name, pool.name, ctx.worker, conversation(ctx, call)))
     ctx.timings.tpot = relayed.tpot
     _remember(gw, ctx, decision, relayed)
+
+
+async def retrieve(gw: Gateway, ctx: RequestContext, rid: str, sink: Sink) -> None:
+    """GET /v1/responses/{id}: a stored answer, read from the worker that made it (vLLM keeps it in that server's
+    memory), and only by the tenant that made it. Run inside a ``Lifecycle`` like any request: it counts against
+    the tenant's requests per minute and in flight, holds the worker under a lease, cools a failing worker down,
+    and leaves a ledger record, of no tokens (it generates none; the stored usage is the original's)."""
+    assert ctx.tenant is not None
+    ctx.prompt_tokens = ctx.completion_tokens = 0
+    home = gw.responses.find(rid, ctx.tenant.name)
+    if home is None:
+        raise NotFound("No such response for this tenant.", "response_not_found")
+    pool = gw.upstreams.pools.get(home.pool)
+    if pool is None:
+        raise Unavailable("The worker holding this response is not available now.", "previous_response_unavailable")
+    ctx.charge = await gw.ratelimit.check(ctx.tenant, 0)
+    with gw.scheduler.tenant_held(ctx):
+        async with dispatch(ctx, pool, f"/v1/responses/{quote(rid, safe='')}", b"", pinned=home.worker,
+                            method=b"GET") as (worker, response):
+            if response.status == 404:
+                raise NotFound("The worker that made this response no longer holds it (it restarted).",
+                               "response_not_found")
+            if 200 <= response.status < 300 and encoded(response):
+                raise UpstreamFailed("head", "a compressed stored response")
+            await relay_body(ctx, worker, response, sink, Relayed(), pool.spec.cooldown_s)
 
 
 async def admit(gw: Gateway, ctx: RequestContext, call: openai_api.Call) -> UpstreamPool:
@@ -163,6 +195,8 @@ async def exchange(ctx: RequestContext, pool: UpstreamPool, payload: bytes, sink
     room = scheduler.with_room(pool.admission, ctx.snapshot.policy.scheduling)
     async with dispatch(ctx, pool, openai_api.PATHS[ctx.endpoint], payload, affinity, pinned, room) as \
             (worker, response):
+        if 200 <= response.status < 300 and encoded(response):
+            await _unreadable(ctx, worker, response, relayed, pool.spec.cooldown_s)
         if ctx.stream and response.status == 200:
             first = functools.partial(scheduler.first_token, ctx, pool.admission, worker,
                                       ctx.snapshot.policy.scheduling)
@@ -171,9 +205,29 @@ async def exchange(ctx: RequestContext, pool: UpstreamPool, payload: bytes, sink
             await relay_body(ctx, worker, response, sink, relayed, pool.spec.cooldown_s)
 
 
-def _home_of_previous(gw: Gateway, ctx: RequestContext, call: openai_api.Call) -> str | None:
-    """The worker a Responses API follow-up must go to (the one that made its previous response), or None when it
-    continues nothing. A previous response this gateway did not make for this tenant is a 404, never a guess."""
+def encoded(response: Response) -> bool:
+    """The worker compressed its answer (workers are asked for ``accept-encoding: identity``): neither its usage
+    nor its events can be read, so it is not relayed as if they could."""
+    coding = response.header(b"content-encoding")
+    return coding is not None and coding.strip().lower() not in (b"", b"identity")
+
+
+async def _unreadable(ctx: RequestContext, worker: Worker, response: Response, relayed: Relayed,
+                      cooldown_s: float) -> None:
+    """Refuse a compressed answer with a 502. A whole body is read first (it is the work done, and its size is
+    the completion's estimate, see count_tokens); a stream is dropped at once, so the engine stops."""
+    if not ctx.stream:
+        with worker_errors(worker, "head", cooldown_s):
+            relayed.captured = await response.read()
+        response.release()
+        relayed.answered = True
+    raise UpstreamFailed("head", f"content-encoding {response.header(b'content-encoding')!r}")
+
+
+def _home_of_previous(gw: Gateway, ctx: RequestContext, call: openai_api.Call) -> Home | None:
+    """Where a Responses API follow-up must go (the worker that made its previous response) and the conversation
+    it carries, or None when it continues nothing. A previous response this gateway did not make for this tenant
+    is a 404, never a guess."""
     previous = call.body.get("previous_response_id") if ctx.endpoint == "responses" else None
     if not previous:
         return None
@@ -183,24 +237,49 @@ def _home_of_previous(gw: Gateway, ctx: RequestContext, call: openai_api.Call) -
         raise NotFound(f"No response '{openai_api.echo(previous)}' is known for this tenant (responses live on the "
                        "worker that made them, and only as long as it runs).", "response_not_found",
                        param="previous_response_id")
-    return home.worker
+    return home
 
 
-def count_tokens(ctx: RequestContext, relayed: Relayed, prompt_estimate: int) -> None:
+def conversation(ctx: RequestContext, call: openai_api.Call) -> int:
+    """The tokens a follow-up of this response carries: what the worker counted (its input holds the stored
+    conversation) and generated; without a count of the worker's, the most it can be."""
+    if ctx.usage_estimated or ctx.prompt_tokens is None:
+        return call.worst_tokens
+    return ctx.prompt_tokens + (ctx.completion_tokens or 0)
+
+
+MAX_TOKENS_CLAIMED = 1 << 40  # a worker's count past this is not a real one (and could overflow the ledger's columns)
+
+
+def _count(value: object) -> int | None:
+    """A token count from a worker's usage, or None when it is not one (the worker is not trusted)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_TOKENS_CLAIMED:
+        return value
+    return None
+
+
+def count_tokens(ctx: RequestContext, relayed: Relayed, prompt_estimate: int, delivered: int | None) -> None:
     """The tokens a request used, from the worker's usage: its final one, or for a cut stream the latest per-chunk
-    usage. Without any usage from a worker that took the request (a non-streamed answer the client left before,
-    a worker that died, one without continuous usage), the prompt is estimated from the body's size and the
-    completion from the token events relayed, and the record says it is an estimate."""
-    usage = relayed.usage
-    if usage is not None:
-        # an embeddings answer has no completion_tokens; the Responses API says input_ and output_tokens
-        ctx.prompt_tokens = usage.get("prompt_tokens", usage.get("input_tokens"))
-        ctx.completion_tokens = usage.get("completion_tokens", usage.get("output_tokens")) or 0
+    usage. Without readable usage from a worker that took the request (a non-streamed answer the client left
+    before, a worker that died, one without continuous usage, a 2xx without usage, a compressed answer), the
+    prompt is estimated from the body's size and the completion from the token events relayed, or, for a whole
+    body, from its size (4 bytes a token: its JSON counts too, so this errs high), and the record says it is an
+    estimate: work a worker did is never billed as nothing. ``delivered``: the status the client got so far."""
+    usage = relayed.usage or {}
+    # an embeddings answer has no completion_tokens; the Responses API says input_ and output_tokens
+    prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
+    completion = _count(usage.get("completion_tokens", usage.get("output_tokens")) or 0)
+    if prompt is not None and completion is not None:
+        ctx.prompt_tokens, ctx.completion_tokens = prompt, completion
         details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
-        ctx.cached_tokens = details.get("cached_tokens") if isinstance(details, dict) else None
-    elif ctx.timings.upstream_connect is not None and (relayed.events or not relayed.answered):
-        ctx.prompt_tokens, ctx.completion_tokens = prompt_estimate, relayed.events
+        ctx.cached_tokens = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    elif ctx.timings.upstream_connect is not None and (
+            relayed.events or not relayed.answered or relayed.captured is not None or
+            (delivered is not None and 200 <= delivered < 300)):
+        body = 0 if ctx.stream else len(relayed.captured or b"") // 4
+        ctx.prompt_tokens, ctx.completion_tokens = prompt_estimate, max(relayed.events, body)
         ctx.usage_estimated = True
+
 
 async def serve_hit(ctx: RequestContext, found: Lookup, sink: Sink, wants_usage: bool) -> None:
     """Answer from the cache, in the shape a fresh answer would have."""

@@ -87,10 +87,12 @@ def json_of(body: dict[str, Any], status: int = 200, delay_s: float = 0.0) -> Ha
 
 
 class FakeWorker:
-    """A worker on 127.0.0.1:<free port> answering /health, /metrics and both completion paths."""
+    """A worker on 127.0.0.1:<free port> answering /health, /metrics and the completion and Responses paths
+    with ``handler``, and reads of a stored response (GET /v1/responses/{id}) with ``stored``."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, stored: Handler | None = None) -> None:
         self.handler = handler
+        self.stored = stored
         self.requests: list[dict[str, Any]] = []
         self.disconnects = 0  # completion requests whose client went away before the handler finished
         self.url = ""
@@ -115,6 +117,9 @@ class FakeWorker:
         app = web.Application(handler_args={"handler_cancellation": True})
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_post("/v1/completions", self._complete)
+        app.router.add_post("/v1/responses", self._complete)
+        if self.stored is not None:
+            app.router.add_get("/v1/responses/{response_id}", self.stored)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, handle_signals=False)

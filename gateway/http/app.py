@@ -23,7 +23,7 @@ from gateway.batches.runner import BatchRunner
 from gateway.batches.store import open_batch_store
 from gateway.context import RequestContext
 from gateway.errors import ClientGone, GatewayError, InvalidRequest, NotFound
-from gateway.http import admin, batch_api, errors, reports, reports_page, stored_responses
+from gateway.http import admin, batch_api, errors, reports, reports_page
 from gateway.http.asgi import AsgiSink, Receive, Scope, Send, read_body, request_headers, until_disconnect
 from gateway.http.guards import gateway_of, require_metrics_reader, tenant_of
 from gateway.http.responses import json_response
@@ -56,16 +56,11 @@ class Completions:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gw
-        snapshot = gw.store.current
         sink = AsgiSink(send)
-        rid = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"")
-        ctx = RequestContext(rid.decode() if _REQUEST_ID.match(rid) else new_request_id(), snapshot, self.endpoint)
+        ctx = context(gw, scope, self.endpoint)
         async with pipeline.Lifecycle(gw, ctx, sink):
-            headers = request_headers(scope)
-            if gw.tracer is not None:
-                ctx.trace = gw.tracer.start(headers.get(b"traceparent"))
-            ctx.tenant, ctx.key_id = identify(headers.get(b"authorization"), snapshot)
-            raw = await read_body(receive, headers, snapshot.policy.server.max_body_bytes)
+            headers = authenticate(gw, ctx, scope)
+            raw = await read_body(receive, headers, ctx.snapshot.policy.server.max_body_bytes)
             asked = headers.get(b"x-tollgate-class")
             session = headers.get(b"x-session-id")
             if await until_disconnect(pipeline.run(gw, ctx, raw, sink, headers.get(b"cache-control", b""),
@@ -73,6 +68,40 @@ class Completions:
                                                    session.decode("latin-1")[:256] if session else None),
                                       receive):
                 raise ClientGone("The client disconnected.")
+
+
+class Retrieve:
+    """GET /v1/responses/{id} as a pure ASGI app (a route's endpoint): a request like the POSTs, in the lifecycle
+    (counted, limited, leased, in the ledger), not a side door to the worker."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gw = self.gw
+        sink = AsgiSink(send)
+        ctx = context(gw, scope, "responses.retrieve")
+        async with pipeline.Lifecycle(gw, ctx, sink):
+            authenticate(gw, ctx, scope)
+            if await until_disconnect(pipeline.retrieve(gw, ctx, scope["path_params"]["response_id"], sink),
+                                      receive):
+                raise ClientGone("The client disconnected.")
+
+
+def context(gw: Gateway, scope: Scope, endpoint: str) -> RequestContext:
+    """A new request's context, under the client's X-Request-Id if it is a plain one."""
+    rid = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"")
+    return RequestContext(rid.decode() if _REQUEST_ID.match(rid) else new_request_id(), gw.store.current, endpoint)
+
+
+def authenticate(gw: Gateway, ctx: RequestContext, scope: Scope) -> dict[bytes, bytes]:
+    """The request's headers, once its trace is begun and its tenant known (raises NotAuthenticated: run it
+    inside the lifecycle, which answers that)."""
+    headers = request_headers(scope)
+    if gw.tracer is not None:
+        ctx.trace = gw.tracer.start(headers.get(b"traceparent"))
+    ctx.tenant, ctx.key_id = identify(headers.get(b"authorization"), ctx.snapshot)
+    return headers
 
 
 async def models(request: Request) -> Response:
@@ -149,7 +178,7 @@ def create_app(store: PolicyStore, data_dir: Path | None = None, share: Share = 
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
-            *stored_responses.ROUTES,
+            Route("/v1/responses/{response_id}", Retrieve(gw), methods=["GET"]),
             *admin.ROUTES,
             *reports.ROUTES,
             *reports_page.ROUTES,

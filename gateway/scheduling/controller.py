@@ -21,9 +21,10 @@ The clock is injectable, so the rules are unit-tested without sleeping.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from gateway.context import RequestContext
 from gateway.errors import Shed, TenantBusy, Unavailable, UpstreamFailed
@@ -82,6 +83,16 @@ class Controller:
         state.give(ctx.tenant.name if ctx.tenant else "", ctx.service_class)
         state.completions.append(self.clock())
         self.dispatch(state, ctx.snapshot.policy.scheduling)
+
+    @contextlib.contextmanager
+    def tenant_held(self, ctx: RequestContext) -> Iterator[None]:
+        """``with scheduler.tenant_held(ctx):`` a request that starts nothing on an engine (a stored response
+        read back) still counts against its tenant's most in flight: TenantBusy when that is reached."""
+        self._tenant_take(ctx, ctx.snapshot.policy.server.tenant_max_concurrency)
+        try:
+            yield
+        finally:
+            self._tenant_give(ctx)
 
     # -- the queues ---------------------------------------------------------------------------------------
 

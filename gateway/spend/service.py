@@ -2,12 +2,13 @@
 
 ``admit`` runs after the cache (a hit costs nothing to reserve) and before the scheduler (a downgrade changes
 the class). It prices the request as usually sized (the prompt estimate + max_tokens for every sequence) for the
-tenant's anomaly rule, then reserves its true worst case (every body byte a prompt token: Call.worst_tokens)
-against the tenant's budget: refused with 429 ``insufficient_quota`` when spent + reserved + this would pass
-the limit, so concurrent requests cannot overshoot it together, whatever their bodies hold (n, best_of, a list
-of prompts, text near one token a byte), on one replica or many (the reservation is one atomic step in
-Redis): spend stays within the limit plus one request's reservation. ``settle`` (from accounting, once per request)
-swaps the reservation for the actual cost. Redis failing does not stop traffic: the budget is not enforced
+tenant's anomaly rule, then reserves its true worst case (every body byte a prompt token, plus a Responses
+follow-up's stored conversation: Call.worst_tokens) against the tenant's budget: refused with 429
+``insufficient_quota`` when spent + reserved + this would pass the limit, so concurrent requests cannot
+overshoot it together, whatever their bodies hold (n, best_of, a list of prompts, text near one token a byte,
+a long conversation continued), on one replica or many (the reservation is one atomic step in Redis): spend
+stays within the limit plus one request's reservation. ``settle`` (from accounting, once per request) swaps the
+reservation for the actual cost. Redis failing does not stop traffic: the budget is not enforced
 while it is down (logged and counted), and the ledger, the truth, reseeds the counter when it is back.
 """
 
@@ -107,7 +108,7 @@ class Spend:
             else:
                 self.baselines.observe(tenant.name, usual_usd, rule)
         if tenant.budget is not None:
-            await self._reserve(ctx, tenant, tenant.budget, priced(call.size), now)  # a bound: bytes as tokens
+            await self._reserve(ctx, tenant, tenant.budget, priced(call.prompt_bound), now)  # a bound
         return klass
 
     async def switch(self, ctx: RequestContext, call: Call) -> None:
@@ -123,7 +124,7 @@ class Spend:
         version = pricing.version_on(prices, ctx.served_model, times.utc_day(now))
         if version is None or tenant.budget is None:
             return
-        worst = _worst_usd(ctx, call, prices, version, call.size, ctx.service_class)
+        worst = _worst_usd(ctx, call, prices, version, call.prompt_bound, ctx.service_class)
         await self._reserve(ctx, tenant, tenant.budget, worst, now)
 
     def _anomaly(self, ctx: RequestContext, call: Call, worst_usd: float, baseline: float,

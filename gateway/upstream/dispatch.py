@@ -25,12 +25,13 @@ from gateway.upstream.routing import in_turn, pick
 @contextlib.asynccontextmanager
 async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: bytes,
                    affinity: Affinity | None = None, pinned: str | None = None,
-                   room: Collection[Worker] = ()) -> AsyncIterator[tuple[Worker, Response]]:
+                   room: Collection[Worker] = (), method: bytes = b"POST") -> AsyncIterator[tuple[Worker, Response]]:
     """``async with dispatch(...) as (worker, response):`` the response head of a worker that took the request.
     The first try goes where the request's ``affinity`` says its prompt's prefix is cached (if the pool has a
     choice), a retry to the least loaded of the others.
 
-    ``pinned``: the one worker that may take it (it holds the state the request continues); no retry elsewhere.
+    ``pinned``: the one worker that may take it (it holds the state the request continues, or the response it
+    reads: ``method`` GET); no retry elsewhere.
     ``room``: the workers that can start it now (the scheduler's view): the first try goes to one of them when
     there are any, so that a stale load figure does not send it to an engine at its limit (a prefix cached on
     one may still go there: see affinity.choose).
@@ -38,7 +39,9 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: 
     Raises Unavailable when no worker is available, UpstreamFailed when every try failed."""
     exclude: set[Worker] = set()
     failure: UpstreamFailed | None = None
-    headers = [(b"content-type", b"application/json"), (b"x-request-id", ctx.request_id.encode("latin-1"))]
+    # identity: an answer the gateway cannot read (a compressed one) could not be metered
+    headers = [(b"content-type", b"application/json"), (b"accept-encoding", b"identity"),
+               (b"x-request-id", ctx.request_id.encode("latin-1"))]
     if ctx.trace is not None:
         headers.append((b"traceparent", ctx.trace.traceparent().encode("ascii")))
     ctx.timings.dispatch_at = time.perf_counter() - ctx.timings.start
@@ -49,8 +52,8 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: 
             worker = next((w for w in pool.workers if w.url == pinned and w.available(now)), None) \
                 if attempt == 0 else None
             if worker is None and attempt == 0:
-                raise Unavailable("The worker holding the previous response is not available now; retry later, "
-                                  "or start a new conversation without previous_response_id.",
+                raise Unavailable("The worker holding this response is not available now; retry later (a "
+                                  "follow-up can start a new conversation without previous_response_id).",
                                   "previous_response_unavailable")
         elif attempt == 0 and pool.spec.routing == "round_robin":
             worker, ctx.route = in_turn(pool.workers), "round_robin"  # blind, to compare routings against
@@ -75,7 +78,7 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: 
             started = time.perf_counter()
             try:
                 with worker_errors(worker, "connect", pool.spec.cooldown_s):
-                    response = await pool.client.request(b"POST", worker.url, path, payload, headers, sent)
+                    response = await pool.client.request(method, worker.url, path, payload, headers, sent)
             except UpstreamFailed as exc:
                 failure = exc
                 continue

@@ -21,6 +21,9 @@ class Home:
     tenant: str
     pool: str
     worker: str  # its URL
+    # the conversation's tokens so far, which the worker puts before a follow-up's prompt: what the follow-up's
+    # reservation must add to its own (pipeline.conversation)
+    tokens: int = 0
 
 
 class ResponseHomes:
