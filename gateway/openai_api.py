@@ -17,6 +17,7 @@ from gateway.context import RequestContext
 from gateway.errors import InvalidRequest, NotFound, NotPermitted
 from gateway.policy.loader import TenantView
 from gateway.policy.schema import ModelRoute
+from gateway.state.secret import GATEWAY_SECRET
 
 # The endpoints the gateway serves, by the name a request context carries, and their paths (on the HTTP edge,
 # in batch files, and on the workers alike).
@@ -260,6 +261,7 @@ class Call:
     # 0 for embeddings
     max_output_field: str  # which of the two the body carries
     sequences: int  # sequences it generates: each prompt of a list, times max(n, best_of); embeddings: inputs
+    cache_salt: str | None = None  # the engine's cache_salt (see cache_salt()), written into the body by serialise
 
     # tokens of the stored conversation the worker puts before this prompt (a Responses API follow-up naming
     # previous_response_id): the pipeline sets it from what the previous response used
@@ -313,15 +315,18 @@ async def prepare(ctx: RequestContext, raw: bytes) -> Call:
     if (route.kind == "embed") != (ctx.endpoint == "embeddings"):
         what = "embeddings" if route.kind == "embed" else "chat and completions"
         raise InvalidRequest(f"The model '{model}' serves {what} only.", "model_not_supported", param="model")
+    salt = cache_salt(ctx.tenant, body)
     pool = ctx.snapshot.policy.pools.get(route.pool)
     engine_priority = pool is not None and pool.engine_priority
     if ctx.endpoint == "embeddings":  # no output tokens: its cost is its input, known in full
-        return Call(body, route, False, False, engine_priority, len(raw), 0, "max_tokens", embedding_inputs(body))
+        return Call(body, route, False, False, engine_priority, len(raw), 0, "max_tokens", embedding_inputs(body),
+                    cache_salt=salt)
     ctx.max_tokens_applied = apply_max_tokens(body, ctx.tenant, ctx.endpoint)
     ctx.stream = bool(body.get("stream"))
     field = output_field(ctx.endpoint, body)
     if ctx.endpoint == "responses":  # the usage comes in the response object itself, streamed or not
-        return Call(body, route, True, True, engine_priority, len(raw), int(body[field]), field, 1)
+        return Call(body, route, True, True, engine_priority, len(raw), int(body[field]), field, 1,
+                    cache_salt=salt)
     wants_usage = wants_continuous = False
     if ctx.stream:
         options = body.get("stream_options")
@@ -331,7 +336,24 @@ async def prepare(ctx: RequestContext, raw: bytes) -> Call:
         # the ledger needs the usage, and on every chunk, so that a stream cut anywhere is still counted exactly
         body["stream_options"] = {**options, "include_usage": True, "continuous_usage_stats": True}
     return Call(body, route, wants_usage, wants_continuous, engine_priority, len(raw), int(body[field]), field,
-                sequences(body))
+                sequences(body), cache_salt=salt)
+
+
+def cache_salt(tenant: TenantView, body: dict[str, Any]) -> str | None:
+    """The engine's ``cache_salt`` for a request (vLLM's, on all four endpoints): requests share prefix-cache
+    blocks only when their salts are equal, and a tenant that sees from its TTFT that a prompt's prefix was cached
+    learns what another sent. A salted tenant's salt is an HMAC of its name under the gateway's key: the same for
+    all its requests (its system prompts still hit), on every replica, and not one anybody else can name. A
+    client's own salt is folded in, never sent as it is, so it can only narrow the sharing. A shared tenant
+    sends none (the engine-wide cache), or with a salt of its client's, one shared with every shared tenant
+    that sends that salt."""
+    asked = body.get("cache_salt")
+    if asked is not None and (not isinstance(asked, str) or not asked):
+        raise _bad("cache_salt", "'cache_salt' must be a non-empty string.")
+    scope = tenant.name if tenant.prefix_cache == "salted" else None
+    if scope is None and asked is None:
+        return None
+    return GATEWAY_SECRET.derive(b"cache_salt", orjson.dumps([scope, asked])).hex()
 
 
 def sequences(body: dict[str, Any]) -> int:
@@ -367,6 +389,10 @@ async def serialise(call: Call, service_class: str = "standard") -> bytes:
         call.body["model"] = call.route.upstream_model
     if call.engine_priority:
         call.body["priority"] = ENGINE_PRIORITY[service_class]
+    if call.cache_salt is None:
+        call.body.pop("cache_salt", None)
+    else:
+        call.body["cache_salt"] = call.cache_salt
     try:
         if call.size <= LARGE_BODY:
             return orjson.dumps(call.body)

@@ -24,6 +24,7 @@ from gateway.spend.alerts import Alerts
 from gateway.spend.service import Spend
 from gateway.state import SharedState
 from gateway.state.replicas import ALONE, Replicas, Share
+from gateway.state.secret import GATEWAY_SECRET
 from gateway.upstream.homes import ResponseHomes
 from gateway.upstream.pools import Upstreams
 
@@ -40,6 +41,7 @@ class Gateway:
         self.store = store
         self.ledger = ledger  # None: no data directory (in-process tests); requests are not recorded
         self.state = SharedState(store.current.policy.state)  # read once: a reload cannot move it
+        GATEWAY_SECRET.load(data_dir)  # the tenants' prefix-cache salts come from it
         self.replicas = Replicas(self.state, share) if self.state.redis is not None else None
         self.metrics = GatewayMetrics()
         self.alerts = Alerts(self.metrics, data_dir / "alerts.jsonl" if data_dir is not None else None)
@@ -57,6 +59,7 @@ class Gateway:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object = None) -> AsyncIterator[None]:
+        await GATEWAY_SECRET.share(self.state)  # before the first request: its salt must be every replica's
         await self.upstreams.reconcile(self.store.current.policy.pools)
         await self._reconcile_cache(self.store.current.policy.cache)
         self.store.listeners.append(self._on_policy)

@@ -125,3 +125,18 @@ def test_new_prefixes_fill_the_pool_evenly() -> None:
             homes = [index.longest(of_request(chat("other", system=s)).blocks)[0] for s in systems]  # type: ignore[union-attr]
             assert sorted(homes.count(w.url) for w in workers) == [2, 2], (trial, homes)
     assert uneven_by_hash >= 10, "the positive control: hashing alone is often uneven"
+
+
+def test_the_same_prompt_under_two_salts_is_two_prefixes() -> None:
+    """The engine keeps a salted prompt's blocks apart from the same prompt's under another salt, so the index
+    names them apart too: one tenant's prefix never routes another's prompt to where it is not cached."""
+    plain, salted = of_request(chat("q")), of_request({**chat("q"), "cache_salt": "tenant-a"})
+    again, other = of_request({**chat("q2"), "cache_salt": "tenant-a"}), of_request({**chat("q"), "cache_salt": "b"})
+    assert plain is not None and salted is not None and again is not None and other is not None
+    assert len(salted.blocks) == len(plain.blocks)
+    assert not set(salted.blocks) & set(plain.blocks) and not set(salted.blocks) & set(other.blocks)
+    assert salted.blocks[:15] == again.blocks[:15], "one salt: its system prompt is still one prefix"
+    index = PrefixIndex()
+    index.remember(salted.blocks, "http://a")
+    assert index.longest(again.blocks) == ("http://a", 15)
+    assert index.longest(other.blocks) == (None, 0) and index.longest(plain.blocks) == (None, 0)

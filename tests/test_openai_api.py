@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from gateway.errors import InvalidRequest
@@ -161,3 +163,61 @@ def test_a_responses_stream_keeps_its_usage_and_counts_its_deltas() -> None:
     for rid in ("resp_b", "resp_c"):
         homes.remember(b'{"id":"' + rid.encode() + b'"}', Home("acme", "p", "http://w2"))
     assert homes.find("resp_abc", "acme") is None, "bounded: the oldest goes first"
+
+
+def salt_of(name: str, prefix_cache: str = "salted", **body: Any) -> str | None:
+    from gateway.openai_api import cache_salt
+
+    return cache_salt(TenantView(name, "standard", None, 512, 1024, "clamp", prefix_cache=prefix_cache), body)
+
+
+def test_each_tenant_has_a_prefix_cache_salt_of_its_own() -> None:
+    """One salt for all of a tenant's requests (its system prompts still hit the engine's prefix cache), another
+    for every other tenant; a client's own salt is folded in, never sent as it is, so it can only narrow the
+    sharing: naming another tenant's salt gives a third one."""
+    a, b = salt_of("a"), salt_of("b")
+    assert a is not None and b is not None and a != b and salt_of("a") == a
+    assert len(a) <= 128 and a.isalnum(), "vLLM takes at most 128 characters, none of '@/\\' or NUL"
+    assert salt_of("b", cache_salt=a) not in (a, b), "a client cannot name another tenant's salt"
+    narrowed = salt_of("a", cache_salt="conversation-7")
+    assert narrowed not in (a, "conversation-7") and narrowed == salt_of("a", cache_salt="conversation-7")
+    assert salt_of("c", "shared") is None, "a shared tenant uses the engine-wide cache"
+    shared = salt_of("c", "shared", cache_salt="x")
+    assert shared == salt_of("d", "shared", cache_salt="x") and shared not in ("x", salt_of("c", cache_salt="x"))
+    for bad in ("", 7, ["a"]):
+        with pytest.raises(InvalidRequest) as caught:
+            salt_of("a", cache_salt=bad)
+        assert caught.value.param == "cache_salt"
+
+
+def test_the_salt_is_set_where_the_worker_body_is_built() -> None:
+    """serialise writes the tenant's salt over the client's, or takes the client's out for a shared tenant."""
+    from gateway.openai_api import Call, serialise
+    from gateway.policy.schema import ModelRoute
+
+    def sent(salt: str | None, body: dict[str, Any]) -> dict[str, Any]:
+        call = Call(body, ModelRoute(pool="p"), False, False, False, 10, 8, "max_tokens", 1, cache_salt=salt)
+        return orjson.loads(asyncio.run(serialise(call)))
+
+    assert sent("s" * 64, {"model": "m", "cache_salt": "theirs"})["cache_salt"] == "s" * 64
+    assert "cache_salt" not in sent(None, {"model": "m", "cache_salt": "theirs"})
+
+
+def test_the_gateway_key_outlives_a_restart(tmp_path: Path) -> None:
+    """The key the salts come from is kept in the data directory: a restarted process (or another process on
+    the host) derives the same salts; another directory, another key."""
+    from gateway.state.secret import FILE, Secret
+
+    first, again, elsewhere = Secret(), Secret(), Secret()
+    first.load(tmp_path)
+    again.load(tmp_path)
+    (tmp_path / "other").mkdir()
+    elsewhere.load(tmp_path / "other")
+    assert first.derive(b"cache_salt", b"a") == again.derive(b"cache_salt", b"a")
+    assert first.derive(b"cache_salt", b"a") != elsewhere.derive(b"cache_salt", b"a")
+    assert first.derive(b"cache_salt", b"a") != first.derive(b"other", b"a"), "one key, purposes apart"
+    assert (tmp_path / FILE).stat().st_mode & 0o077 == 0, "readable by the gateway's user only"
+    (tmp_path / FILE).write_bytes(b"torn")
+    repaired = Secret()
+    repaired.load(tmp_path)
+    assert len((tmp_path / FILE).read_bytes()) == 32 and repaired.derive(b"p", b"m") != first.derive(b"p", b"m")

@@ -274,3 +274,20 @@ def test_bodies_the_worker_cannot_be_sent_are_a_400_before_admission_and_hold_no
             ctx, sink = await call(gw, chat(), tenant="prem")
             assert sink.status == 200 and inflight(gw) == 0
     asyncio.run(main())
+
+
+def test_the_worker_gets_the_tenants_cache_salt_never_the_clients() -> None:
+    """Each tenant's requests reach the engine under one cache_salt of its own; a client's salt, even another
+    tenant's, is folded into its tenant's (it narrows the sharing, it cannot join another's)."""
+    async def main() -> None:
+        async with FakeWorker(json_of(completion_json())) as w, running_gateway([w.url]) as gw:
+            for tenant in ("demo", "prem", "demo"):
+                _, sink = await call(gw, chat(), tenant=tenant)
+                assert sink.status == 200
+            demo, prem, again = (r["cache_salt"] for r in w.requests)
+            assert demo == again and demo != prem
+            _, sink = await call(gw, chat(cache_salt=demo), tenant="prem")
+            assert sink.status == 200 and w.requests[-1]["cache_salt"] not in (demo, prem)
+            ctx, sink = await call(gw, chat(cache_salt=""), tenant="prem")
+            assert (sink.status, ctx.error) == (400, "invalid_value") and len(w.requests) == 4
+    asyncio.run(main())

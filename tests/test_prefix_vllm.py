@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import DEMO_KEY, Proc, metric_value, policy_dict
+from tests.conftest import DEMO_KEY, PREMIUM_KEY, Proc, metric_value, policy_dict, wait_for
 
 pytestmark = pytest.mark.vllm
 MODEL = "tiny-llama"
@@ -108,3 +108,34 @@ def test_vllm_says_when_its_prefix_cache_is_new(engines: list[Any]) -> None:
     for engine in engines:
         load = parse_load(httpx.get(engine.url + "/metrics").content)
         assert load["prefix_created"] > 1.7e9 and "prefix_queries" in load, load
+
+
+def test_two_tenants_identical_prompts_share_no_prefix_cache_hits(engines: list[Any],
+                                                                   start_gateway: Callable[..., Proc]) -> None:
+    """Through the gateway, a prompt that another tenant has just sent finds nothing in vLLM's prefix cache (each
+    tenant's cache_salt is its own), while the same tenant's next question on it does: vLLM's own counters."""
+    from workers.sim.tokenizer import WORDS
+
+    engine = engines[0]
+    gateway = start_gateway(policy_dict([engine.url], model=MODEL))
+    rng = random.Random(26)
+    system = "You are the shared desk's assistant. " + " ".join(rng.choice(list(WORDS)) for _ in range(250))
+
+    def hits(key: str, question: str) -> float:
+        """The prefix-cache hits, in tokens, that one request of ``key``'s tenant made on the engine."""
+        def counted(name: str) -> float:
+            return metric_value(engine.url, f"vllm:prefix_cache_{name}_total")
+        hits_before, queries_before = counted("hits"), counted("queries")
+        response = httpx.post(gateway.url + "/v1/chat/completions", timeout=60,
+                              headers={"authorization": f"Bearer {key}"},
+                              json={"model": MODEL, "max_tokens": 2, "ignore_eos": True,
+                                    "messages": [{"role": "system", "content": system},
+                                                 {"role": "user", "content": question}]})
+        assert response.status_code == 200, response.text
+        prompt = response.json()["usage"]["prompt_tokens"]
+        assert wait_for(lambda: counted("queries") >= queries_before + prompt), "the engine counted the prompt"
+        return counted("hits") - hits_before
+
+    assert hits(DEMO_KEY, "What is the first rule?") == 0
+    assert hits(PREMIUM_KEY, "What is the first rule?") == 0, "another tenant's identical prompt is not cached"
+    assert hits(DEMO_KEY, "And the second one?") >= 4 * 32, "the tenant's own system prompt is"

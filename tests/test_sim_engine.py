@@ -201,3 +201,19 @@ def test_prefix_caching_prefills_only_what_follows_the_cached_prefix() -> None:
         assert (await run([*system, 7])).cached_tokens == 0
         await engine.stop()
     asyncio.run(main())
+
+
+def test_a_cache_salt_keeps_prompts_apart_as_in_vllm() -> None:
+    """vLLM mixes ``cache_salt`` into the first block's hash: the chain carries it into every block, so the same
+    tokens under two salts share no block, and under one salt share them all."""
+    from workers.sim.engine import PrefixCache, block_hashes
+
+    ids = list(range(64))
+    plain, a, b = block_hashes(ids, 16), block_hashes(ids, 16, "a"), block_hashes(ids, 16, "b")
+    assert len(plain) == len(a) == len(b) == 4
+    assert not set(a) & set(b) and not set(a) & set(plain)
+    assert block_hashes(ids, 16, "a") == a and block_hashes(ids, 16, None) == plain
+    cache = PrefixCache(16)
+    cache.add(a)
+    assert cache.hit_tokens(block_hashes([*ids, 7], 16, "a"), 65, 16) == 64
+    assert cache.hit_tokens(b, 64, 16) == 0 and cache.hit_tokens(plain, 64, 16) == 0

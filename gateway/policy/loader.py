@@ -67,6 +67,7 @@ class TenantView:
     budget: Budget | None = None
     rate_limit: RateLimit | None = None
     anomaly: AnomalyRule = field(default_factory=AnomalyRule)  # the tenant's own rule, else its tier's
+    prefix_cache: str = "salted"  # salted: a cache_salt of its own on every request; shared: the engine-wide cache
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -95,6 +96,7 @@ class PolicySnapshot:
                 max_tokens_cap=tenant.max_tokens_cap or tier.max_tokens_cap,
                 on_exceed=tier.on_exceed, cache=tenant.cache, weight=tenant.weight,
                 budget=tenant.budget, rate_limit=tenant.rate_limit, anomaly=tenant.anomaly or tier.anomaly,
+                prefix_cache=tenant.prefix_cache,
             )
             tenants[name] = view
             for key in tenant.keys:

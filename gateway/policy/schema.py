@@ -76,6 +76,9 @@ class Tenant(Strict):
     budget: Budget | None = Field(None, description="a hard limit on spend per period (429 insufficient_quota)")
     rate_limit: RateLimit | None = Field(None, description="requests and tokens per minute (429 + Retry-After)")
     anomaly: AnomalyRule | None = Field(None, description="overrides the tier's cost-anomaly rule")
+    prefix_cache: Literal["salted", "shared"] = Field(
+        "salted", description="salted: the engines' prefix cache is shared within this tenant only (a cache_salt "
+        "of its own); shared: with every shared tenant (prompts seen by others are faster, and tell them so)")
 
     @field_validator("keys")
     @classmethod

@@ -7,7 +7,9 @@ conversation's history, is then almost free on the worker that holds it and full
 - the prompt as the engine renders it (role and content of each message in order, or the completion
   prompt) is cut into blocks of ``BLOCK_BYTES`` (about 16 tokens, vLLM's block size, without a tokenizer on
   the hot path: the boundaries need not match the engine's, only be the same for the same prefix), each named
-  by a running CRC-32 of everything before it, so a block's name stands for its whole prefix;
+  by a running CRC-32 of everything before it, so a block's name stands for its whole prefix; the chain starts
+  from the request's ``cache_salt``, as the engine's does, so the same prompt from two tenants (two salts, two
+  sets of blocks in the engine) is two prefixes here too;
 - each pool remembers which worker recently received which blocks (``PrefixIndex``: bounded, least recently used first
   out; a worker whose engine restarted, as its metrics show, is forgotten); a request goes to the worker holding its
   longest matched prefix, unless that worker is loaded past ``load_bound`` of the pool's mean (a quarter above it, or
@@ -68,10 +70,11 @@ class Route:
 
 
 def of_request(body: dict[str, Any], session: str | None = None) -> Affinity | None:
-    """The affinity of a validated chat or completions body (None when it says nothing usable)."""
+    """The affinity of a body as the worker gets it, its ``cache_salt`` set (None when it says nothing usable)."""
     text = _rendered(body)
     blocks: list[int] = []
-    running = 0
+    salt = body.get("cache_salt")
+    running = zlib.crc32(salt.encode()) if isinstance(salt, str) else 0
     end = min(len(text), BLOCK_BYTES * MAX_BLOCKS)
     for start in range(0, end - BLOCK_BYTES + 1, BLOCK_BYTES):
         running = zlib.crc32(text[start:start + BLOCK_BYTES], running)

@@ -11,9 +11,10 @@ is tuned against the right shape rather than against a constant delay:
 - step time = base + per-sequence term + per-prefill-token term, so total tokens/s rises with the
   batch while TPOT worsens, as on a GPU;
 - automatic prefix caching, as vLLM's: a prompt's full blocks are named by a chain of hashes (each over
-  its tokens and the hash before it), blocks of earlier prompts stay cached (least recently used first out,
-  ``num_blocks`` at most), and a new prompt prefills only what follows its longest cached prefix (at least
-  its last token); the tokens asked for and found count in ``prefix_cache_queries``/``hits``.
+  its tokens and the hash before it, the first also over the request's ``cache_salt``), blocks of earlier
+  prompts stay cached (least recently used first out, ``num_blocks`` at most), and a new prompt prefills only
+  what follows its longest cached prefix with the same salt (at least its last token); the tokens asked for
+  and found count in ``prefix_cache_queries``/``hits``.
 """
 
 from __future__ import annotations
@@ -340,11 +341,13 @@ class Engine:
         return math.ceil(tokens / self.config.block_size)
 
 
-def block_hashes(token_ids: list[int], block_size: int) -> tuple[int, ...]:
+def block_hashes(token_ids: list[int], block_size: int, salt: str | None = None) -> tuple[int, ...]:
     """The chained hashes of a prompt's full blocks, as vLLM names them: a block is the same block only if
-    everything before it is the same too."""
+    everything before it is the same too, and the salt too (vLLM puts ``cache_salt`` in the first block's extra
+    keys: the chain then carries it into every block, so prompts with different salts share none)."""
     hashes, previous = [], 0
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        previous = hash((previous, *token_ids[start:start + block_size]))
+        tokens = token_ids[start:start + block_size]
+        previous = hash((previous, *tokens, salt) if start == 0 and salt else (previous, *tokens))
         hashes.append(previous)
     return tuple(hashes)

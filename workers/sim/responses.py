@@ -183,7 +183,7 @@ def chat_body(body: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str,
     out: dict[str, Any] = {"model": body.get("model"), "messages": messages}
     if body.get("max_output_tokens") is not None:
         out["max_tokens"] = body["max_output_tokens"]
-    for name in ("temperature", "top_p", "seed", "ignore_eos", "min_tokens", "priority"):
+    for name in ("temperature", "top_p", "seed", "ignore_eos", "min_tokens", "priority", "cache_salt"):
         if body.get(name) is not None:
             out[name] = body[name]
     return out

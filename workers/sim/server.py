@@ -202,6 +202,7 @@ class SimServer:
                 _check_int(dimensions, "dimensions", minimum=1)
             if dimensions is not None and dimensions > EMBEDDING_DIM:
                 raise BadRequest(f"dimensions must be at most {EMBEDDING_DIM}.", param="dimensions")
+            _cache_salt(body)  # accepted as vLLM accepts it on pooling requests; nothing is cached here
             encoding = body.get("encoding_format") or "float"
             if encoding not in ("float", "base64"):
                 raise BadRequest("encoding_format must be 'float' or 'base64'.", param="encoding_format")
@@ -327,7 +328,8 @@ class SimServer:
             request_id=uuid.uuid4().hex, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
             rng=tokenizer.output_rng(seed if isinstance(seed, int) else self.config.seed, prompt_text),
             min_tokens=min_tokens, ignore_eos=bool(body.get("ignore_eos")), stop=tuple(stop), priority=priority,
-            block_hashes=block_hashes(tokenizer.token_ids(prompt_text), self.config.block_size),
+            block_hashes=block_hashes(tokenizer.token_ids(prompt_text), self.config.block_size,
+                                      _cache_salt(body)),
         )
 
 
@@ -503,6 +505,19 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise BadRequest("'messages' must be a list of message objects.", param="messages")
     return messages
+
+
+def _cache_salt(body: dict[str, Any]) -> str | None:
+    """A request's ``cache_salt``, checked as vLLM 0.32 checks it (validate_cache_salt)."""
+    salt = body.get("cache_salt")
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise BadRequest("Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
+    if len(salt) > 128 or any(char in "@/\\\x00" for char in salt):
+        raise BadRequest("Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', "
+                         "'\\\\', or NUL.", param="cache_salt")
+    return salt
 
 
 def _check_int(value: object, name: str, minimum: int | None) -> None:
