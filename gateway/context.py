@@ -25,10 +25,18 @@ class Trace:
     upstream_id: int
     sampled: bool
     wall_start_ns: int = 0  # the request's arrival on the wall clock (sampled requests only)
+    state: bytes | None = None  # the caller's tracestate, passed on beside the traceparent
 
     def traceparent(self) -> str:
         """The header for the worker: the upstream span as parent (or, unsampled, the caller's own span)."""
         return f"00-{self.trace_id:032x}-{self.upstream_id:016x}-{'01' if self.sampled else '00'}"
+
+    def headers(self) -> Headers:
+        """The W3C Trace Context headers for the worker: traceparent, and the caller's tracestate if any."""
+        out = [(b"traceparent", self.traceparent().encode("ascii"))]
+        if self.state:
+            out.append((b"tracestate", self.state))
+        return out
 
 
 @dataclass(slots=True)

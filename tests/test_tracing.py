@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,6 +27,16 @@ CALLER_SPAN = "00f067aa0ba902b7"
     (f"ff-{CALLER_TRACE}-{CALLER_SPAN}-01".encode(), None),
     (f"00-{'0' * 32}-{CALLER_SPAN}-01".encode(), None),
     (f"00-{CALLER_TRACE}-{'0' * 16}-01".encode(), None),
+    (f"00-{'0' * 32}-{'0' * 16}-01".encode(), None),
+    (f"00-{CALLER_TRACE.upper()}-{CALLER_SPAN}-01".encode(), None),  # W3C ids are lower-case hex
+    (f"00-{CALLER_TRACE[:-1]}g-{CALLER_SPAN}-01".encode(), None),
+    (f"00-{CALLER_TRACE}0-{CALLER_SPAN}-01".encode(), None),  # a digit too many
+    (f"00-{CALLER_TRACE}-{CALLER_SPAN[:-1]}-01".encode(), None),  # one too few
+    (f"00-{CALLER_TRACE}-{CALLER_SPAN}-1".encode(), None),
+    (f"00-{CALLER_TRACE}-{CALLER_SPAN}-01\n".encode(), None),
+    (f"01-{CALLER_TRACE}-{CALLER_SPAN}-01x".encode(), None),  # a later version's extra fields follow a dash
+    (f"0-{CALLER_TRACE}-{CALLER_SPAN}-01".encode(), None),
+    (f" 00-{CALLER_TRACE}-{CALLER_SPAN}-01 ".encode(), (int(CALLER_TRACE, 16), int(CALLER_SPAN, 16), True)),
     (b"00-xyz-abc-01", None), (b"", None), (None, None),
 ])
 def test_a_traceparent_is_read_as_w3c_says(header: bytes | None, parsed: tuple[int, int, bool] | None) -> None:
@@ -67,6 +80,65 @@ def test_sampling_follows_the_caller_then_the_ratio() -> None:
     tenth = tracer(0.1)
     share = sum(tenth.start(None) is not None for _ in range(20_000)) / 20_000
     assert 0.08 < share < 0.12
+
+
+def test_our_sampler_decides_unless_it_is_parent_based() -> None:
+    """always_off is off whatever the caller asked; always_on and traceidratio decide for a caller's trace too;
+    a parentbased_ sampler (and the policy's ratio) follows the caller's flag."""
+    caller_sampled = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01".encode()
+    caller_unsampled = f"00-{CALLER_TRACE}-{CALLER_SPAN}-00".encode()
+
+    def configured(sampler: str, arg: str = "") -> tracing.Tracer:
+        environ = {"OTEL_TRACES_SAMPLER": sampler, "OTEL_TRACES_SAMPLER_ARG": arg} if sampler else {}
+        ratio, follow = tracing.sampler(TracingPolicy(sample_ratio=0.5), environ)
+        return tracing.Tracer(Recorder().exporter(), ratio, follow)
+
+    off = configured("always_off").start(caller_sampled)
+    assert off is not None and not off.sampled, "our always_off wins over the caller's sampled flag"
+    assert off.traceparent() == f"00-{CALLER_TRACE}-{CALLER_SPAN}-00", "the worker is told not to record either"
+    assert configured("always_off").start(None) is None
+    followed = configured("parentbased_always_off").start(caller_sampled)
+    assert followed is not None and followed.sampled
+    on = configured("always_on").start(caller_unsampled)
+    assert on is not None and on.sampled and on.trace_id == int(CALLER_TRACE, 16)
+    assert not configured("parentbased_always_on").start(caller_unsampled).sampled  # type: ignore[union-attr]
+    assert configured("").start(caller_sampled).sampled, "the policy's ratio is parent based"  # type: ignore[union-attr]
+    low, high = f"00-{'0' * 16}{'0' * 15}1-{CALLER_SPAN}-00".encode(), f"00-{'f' * 32}-{CALLER_SPAN}-01".encode()
+    ratio = configured("traceidratio", "0.5")
+    assert ratio.start(low).sampled and not ratio.start(high).sampled, "by the trace id, as OpenTelemetry's"  # type: ignore[union-attr]
+
+
+def test_a_callers_tracestate_goes_on_beside_its_traceparent() -> None:
+    traced = tracer(1.0)
+    header = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01".encode()
+    trace = traced.start(header, b"congo=t61rcWkgMzE, rojo=00f067aa0ba902b7")
+    assert trace is not None
+    assert trace.headers() == [(b"traceparent", trace.traceparent().encode()),
+                               (b"tracestate", b"congo=t61rcWkgMzE,rojo=00f067aa0ba902b7")]
+    unsampled = traced.start(header.replace(b"-01", b"-00"), b"congo=t61rcWkgMzE")
+    assert unsampled is not None and dict(unsampled.headers())[b"tracestate"] == b"congo=t61rcWkgMzE"
+    fresh = traced.start(header.upper(), b"congo=t61rcWkgMzE")
+    assert fresh is not None and fresh.trace_id != int(CALLER_TRACE, 16), "a malformed traceparent: a new trace"
+    assert fresh.headers() == [(b"traceparent", fresh.traceparent().encode())], "and its tracestate is dropped"
+
+
+def members(count: int, value: bytes = b"v") -> bytes:
+    return b",".join(b"k%d=%s" % (i, value) for i in range(count))
+
+
+@pytest.mark.parametrize("header,forwarded", [
+    (b"a=1,b=2", b"a=1,b=2"),
+    (b"a=1,,BAD=2, c=3 ,d", b"a=1,c=3"),  # invalid members are dropped, the valid ones kept in order
+    (b"a=1,a=2", b"a=1"),  # a key once
+    (b"tenant@vendor=x,k=\xff", b"tenant@vendor=x"),
+    (b"k=v\r\nx: y", None),
+    (members(40), members(32)),  # at most 32 members
+    (members(5, b"v" * 200), members(2, b"v" * 200)),  # at most 512 bytes, in whole members
+    (b"x" * 100_000, None), (b"", None), (None, None),
+])
+def test_a_tracestate_is_passed_on_within_w3c_bounds(header: bytes | None, forwarded: bytes | None) -> None:
+    assert tracing.parse_tracestate(header) == forwarded
+    assert forwarded is None or len(forwarded) <= tracing.STATE_BYTES
 
 
 def test_a_sampled_request_makes_a_server_span_with_its_stages_as_children() -> None:
@@ -133,3 +205,90 @@ def test_tracing_is_off_unless_configured_and_reads_the_standard_variables() -> 
     grpc.shutdown()
     assert tracing.from_config(TracingPolicy(endpoint="http://x:4318"), {"OTEL_SDK_DISABLED": "true"}) is None
     assert tracing.from_config(TracingPolicy(endpoint="http://x:4318"), {"OTEL_TRACES_EXPORTER": "none"}) is None
+
+
+class HungCollector:
+    """A collector that accepts connections and reads, and never answers."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.reading = threading.Event()  # an export is in flight
+        self.connections: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections.append(connection)
+            if connection.recv(1):
+                self.reading.set()
+
+    def close(self) -> None:
+        self.listener.close()
+        for connection in self.connections:
+            connection.close()
+
+
+@pytest.fixture
+def hung() -> Iterator[HungCollector]:
+    collector = HungCollector()
+    yield collector
+    collector.close()
+
+
+def finishes_within(call: Any, seconds: float) -> bool:
+    """Run ``call`` in a thread; did it return within ``seconds``?"""
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return not thread.is_alive()
+
+
+def span(i: int = 0) -> otlp.SpanRecord:
+    return otlp.SpanRecord(f"s{i}", i + 1, None, otlp.INTERNAL, 1, 2, {})
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_shutdown_takes_at_most_the_export_timeout_when_the_collector_hangs(hung: HungCollector,
+                                                                            protocol: str) -> None:
+    """50 batches queued for a collector that never answers: one export timeout, not 50."""
+    traced = tracing.from_config(TracingPolicy(endpoint=f"http://127.0.0.1:{hung.port}", protocol=protocol), {
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "300", "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "1", "OTEL_BSP_SCHEDULE_DELAY": "10"})
+    assert traced is not None and traced.exporter.timeout_s == 0.3
+    for i in range(50):
+        traced.exporter.add(i + 1, [span(i)])
+    assert hung.reading.wait(10), "the first export reached the collector"
+    assert finishes_within(traced.shutdown, 0.3 + 5.0), "shutdown returned within its timeout (and a margin)"
+
+
+def test_shutdown_leaves_a_hung_send_and_sends_nothing_after_it(hung: HungCollector) -> None:
+    send = otlp.http_sender(f"http://127.0.0.1:{hung.port}/v1/traces", {}, 60.0, False)
+    exporter = otlp.Exporter(send, b"", b"", delay_s=0.01, max_batch=1, timeout_s=0.2)
+    for i in range(3):
+        exporter.add(i + 1, [span(i)])
+    assert hung.reading.wait(10)
+    assert finishes_within(exporter.shutdown, 0.2 + 5.0), "not the send's 60 s"
+    hung.close()  # the send in flight fails now; what was still queued is dropped, not sent
+    exporter._thread.join(10)
+    assert not exporter._thread.is_alive() and exporter.dropped == 2 and len(hung.connections) == 1
+
+
+def test_the_queue_count_agrees_with_the_queue_under_threads() -> None:
+    """Spans added from several threads while the export thread takes them: each one sent or counted dropped."""
+    recorder = Recorder()
+    exporter = otlp.Exporter(recorder.sent.append, b"", b"", delay_s=0.001, max_queue=256, max_batch=7)
+    adders = [threading.Thread(target=lambda: [exporter.add(1, [span(i)]) for i in range(5_000)])
+              for _ in range(4)]
+    for adder in adders:
+        adder.start()
+    for adder in adders:
+        adder.join()
+    exporter.shutdown(timeout=30)
+    sent = sum(len(scope.spans) for request in recorder.requests() for resource in request.resource_spans
+               for scope in resource.scope_spans)
+    assert sent + exporter.dropped == 20_000 and exporter._spans == 0 and not exporter._pending

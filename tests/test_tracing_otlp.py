@@ -3,6 +3,7 @@ exported over OTLP to a real receiver on loopback (HTTP/protobuf and gRPC) that 
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -108,3 +109,33 @@ def test_a_callers_trace_goes_through_the_gateway_into_the_worker(
     seen = httpx.get(sim.url + "/sim/traceparents", timeout=5).json()
     upstream = spans["chat upstream"][1]
     assert seen[-1] == f"00-{CALLER_TRACE}-{upstream.span_id.hex()}-01", "the worker continues the same trace"
+
+    malformed = f"00-{CALLER_TRACE.upper()}-{CALLER_SPAN}-01"
+    assert httpx.post(gw.url + "/v1/chat/completions", timeout=30, json={
+        "model": "sim-llama-8b", "messages": [{"role": "user", "content": "trace me"}], "max_tokens": 5},
+        headers={"authorization": f"Bearer {DEMO_KEY}", "traceparent": malformed}).status_code == 200
+    fresh = httpx.get(sim.url + "/sim/traceparents", timeout=5).json()[-1]
+    assert fresh.endswith("-01") and CALLER_TRACE not in fresh.lower(), "a malformed traceparent starts a new trace"
+
+
+def test_always_off_wins_over_a_callers_sampled_flag(start_sim: Callable[..., Any],
+                                                     start_gateway: Callable[..., Any],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    otlp = Receiver("http/protobuf")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{otlp.port}")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    sim = start_sim()
+    gw = start_gateway(policy_dict([sim.url]))
+    try:
+        reply = httpx.post(gw.url + "/v1/chat/completions", timeout=30, json={
+            "model": "sim-llama-8b", "messages": [{"role": "user", "content": "trace me"}], "max_tokens": 5},
+            headers={"authorization": f"Bearer {DEMO_KEY}", "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"})
+        assert reply.status_code == 200
+        seen = httpx.get(sim.url + "/sim/traceparents", timeout=5).json()
+        assert seen[-1] == f"00-{CALLER_TRACE}-{CALLER_SPAN}-00", "the caller's trace goes on, unsampled"
+        gw.stop()  # a clean stop exports whatever was queued
+        assert gw.process.returncode in (0, -signal.SIGTERM)
+        assert otlp.spans == [], "nothing was recorded"
+    finally:
+        otlp.stop()

@@ -99,7 +99,7 @@ def authenticate(gw: Gateway, ctx: RequestContext, scope: Scope) -> dict[bytes, 
     inside the lifecycle, which answers that)."""
     headers = request_headers(scope)
     if gw.tracer is not None:
-        ctx.trace = gw.tracer.start(headers.get(b"traceparent"))
+        ctx.trace = gw.tracer.start(headers.get(b"traceparent"), headers.get(b"tracestate"))
     ctx.tenant, ctx.key_id = identify(headers.get(b"authorization"), ctx.snapshot)
     return headers
 

@@ -118,32 +118,37 @@ def scope_of(name: str = "tollgate") -> bytes:
 class Exporter:
     """Takes finished requests' spans and sends them in batches from its own thread: at most every
     ``delay_s`` (sooner when a batch is full), nothing while there is nothing; a full queue drops new spans
-    (counted), so a slow collector never holds the gateway's memory or its loop."""
+    (counted), so a slow collector never holds the gateway's memory or its loop. Shutdown takes at most
+    ``timeout_s`` (the export timeout), however the collector behaves: what is unsent by then is dropped."""
 
     def __init__(self, send: Callable[[bytes], None], resource: bytes, scope: bytes, delay_s: float = 5.0,
-                 max_queue: int = 2048, max_batch: int = 512) -> None:
+                 max_queue: int = 2048, max_batch: int = 512, timeout_s: float = 10.0) -> None:
         self.send, self.resource, self.scope = send, resource, scope
-        self.delay_s, self.max_queue, self.max_batch = delay_s, max_queue, max_batch
+        self.delay_s, self.max_queue, self.max_batch, self.timeout_s = delay_s, max_queue, max_batch, timeout_s
         self.dropped = 0
+        self._lock = threading.Lock()  # the queue and its count: the event loop adds, the export thread takes
         self._pending: collections.deque[tuple[int, list[SpanRecord]]] = collections.deque()
         self._spans = 0
         self._wake = threading.Event()  # something is queued
         self._full = threading.Event()  # a batch is full, or the exporter stops: send now
         self._stop = threading.Event()
+        self._deadline = float("inf")  # set by shutdown: nothing is sent after it
         self._last_failure = 0.0
         self._thread = threading.Thread(target=self._run, name="tollgate-otlp", daemon=True)
         self._thread.start()
 
     def add(self, trace_id: int, spans: list[SpanRecord]) -> None:
         """On the event loop: queue one request's spans (no encoding here)."""
-        if self._spans + len(spans) > self.max_queue:
-            self.dropped += len(spans)
-            return
-        self._pending.append((trace_id, spans))
-        self._spans += len(spans)
+        with self._lock:
+            if self._spans + len(spans) > self.max_queue:
+                self.dropped += len(spans)
+                return
+            self._pending.append((trace_id, spans))
+            self._spans += len(spans)
+            queued = self._spans
         if not self._wake.is_set():
             self._wake.set()
-        if self._spans >= self.max_batch:
+        if queued >= self.max_batch:
             self._full.set()
 
     def _run(self) -> None:
@@ -153,15 +158,28 @@ class Exporter:
             self._wake.clear()
             self._full.clear()
             self.flush()
+        self.flush()  # what came while the last batch was being sent
+
+    def _take(self) -> list[tuple[int, list[SpanRecord]]]:
+        """Up to a batch of what is queued, or (past the shutdown deadline) nothing, the rest counted dropped."""
+        with self._lock:
+            if time.monotonic() >= self._deadline:
+                self.dropped += self._spans
+                self._pending.clear()
+                self._spans = 0
+                return []
+            taken: list[tuple[int, list[SpanRecord]]] = []
+            count = 0
+            while self._pending and count < self.max_batch:
+                taken.append(self._pending.popleft())
+                count += len(taken[-1][1])
+            self._spans -= count
+            return taken
 
     def flush(self) -> None:
         """Encode and send everything queued, in batches."""
-        while self._pending:
-            batch: list[bytes] = []
-            while self._pending and len(batch) < self.max_batch:
-                trace_id, spans = self._pending.popleft()
-                self._spans -= len(spans)
-                batch.extend(encode_span(trace_id, span) for span in spans)
+        while taken := self._take():
+            batch = [encode_span(trace_id, span) for trace_id, spans in taken for span in spans]
             try:
                 self.send(export_request(self.resource, self.scope, batch))
             except Exception as exc:  # a collector down must not stop the next batch
@@ -170,12 +188,19 @@ class Exporter:
                     log.warning("OTLP export of %d spans failed: %s", len(batch), exc)
                     self._last_failure = now
 
-    def shutdown(self, timeout: float = 10.0) -> None:
-        """Send what is queued and stop (blocking: call it off the event loop)."""
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Send what is queued and stop, within ``timeout`` (default ``timeout_s``) even when the collector never
+        answers: the thread is left to its send, and sends nothing more (blocking: call it off the event loop)."""
+        limit = self.timeout_s if timeout is None else timeout
+        with self._lock:
+            self._deadline = time.monotonic() + limit
         self._stop.set()
         self._wake.set()
         self._full.set()
-        self._thread.join(timeout)
+        self._thread.join(limit)
+        if self._thread.is_alive():
+            log.warning("OTLP collector still not answering after %.1f s at shutdown: what is queued is dropped",
+                        limit)
 
 
 # -- transports ---------------------------------------------------------------------------------------------
