@@ -94,12 +94,14 @@ class FakeWorker:
         self.handler = handler
         self.stored = stored
         self.requests: list[dict[str, Any]] = []
+        self.heads: list[dict[str, str]] = []  # each completion request's headers, lower-cased names
         self.disconnects = 0  # completion requests whose client went away before the handler finished
         self.url = ""
         self._runner: web.AppRunner | None = None
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         self.requests.append(orjson.loads(await request.read()))
+        self.heads.append({k.lower(): v for k, v in request.headers.items()})
         try:
             return await self.handler(request)
         except (asyncio.CancelledError, ConnectionResetError):

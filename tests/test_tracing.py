@@ -3,17 +3,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 
+from gateway import pipeline
 from gateway.context import RequestContext
 from gateway.ops import otlp, tracing
 from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Policy, TracingPolicy
+from gateway.sink import BufferSink
+from tests.fakes import FakeWorker, chat, completion_json, json_of, running_gateway
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
@@ -292,3 +297,20 @@ def test_the_queue_count_agrees_with_the_queue_under_threads() -> None:
     sent = sum(len(scope.spans) for request in recorder.requests() for resource in request.resource_spans
                for scope in resource.scope_spans)
     assert sent + exporter.dropped == 20_000 and exporter._spans == 0 and not exporter._pending
+
+
+def test_the_worker_gets_the_callers_tracestate_beside_the_traceparent() -> None:
+    """Through the pipeline to a worker: the Trace Context the edge parsed is what the worker's request carries."""
+    async def main() -> None:
+        async with FakeWorker(json_of(completion_json())) as w, running_gateway([w.url]) as gw:
+            ctx = RequestContext("traced", gw.store.current, "chat")
+            ctx.tenant = gw.store.current.tenants["demo"]
+            ctx.trace = tracer(1.0).start(f"00-{CALLER_TRACE}-{CALLER_SPAN}-01".encode(), b"congo=t61rcWkgMzE")
+            sink = BufferSink()
+            async with pipeline.Lifecycle(gw, ctx, sink):
+                await pipeline.run(gw, ctx, orjson.dumps(chat()), sink)
+            assert sink.status == 200
+            head = w.heads[-1]
+            assert head["tracestate"] == "congo=t61rcWkgMzE"
+            assert head["traceparent"].startswith(f"00-{CALLER_TRACE}-") and head["traceparent"].endswith("-01")
+    asyncio.run(main())

@@ -43,7 +43,7 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: 
     headers = [(b"content-type", b"application/json"), (b"accept-encoding", b"identity"),
                (b"x-request-id", ctx.request_id.encode("latin-1"))]
     if ctx.trace is not None:
-        headers.append((b"traceparent", ctx.trace.traceparent().encode("ascii")))
+        headers += ctx.trace.headers()  # traceparent, and the caller's tracestate
     ctx.timings.dispatch_at = time.perf_counter() - ctx.timings.start
     candidates = [w for w in pool.workers if w in room] if room else pool.workers
     for attempt in range(2):
