@@ -134,7 +134,7 @@ async def retrieve(gw: Gateway, ctx: RequestContext, rid: str, sink: Sink) -> No
     ctx.charge = await gw.ratelimit.check(ctx.tenant, 0)
     with gw.scheduler.tenant_held(ctx):
         async with dispatch(ctx, pool, f"/v1/responses/{quote(rid, safe='')}", b"", pinned=home.worker,
-                            method=b"GET") as (worker, response):
+                            method=b"GET", client=pool.reads) as (worker, response):
             if response.status == 404:
                 raise NotFound("The worker that made this response no longer holds it (it restarted).",
                                "response_not_found")

@@ -240,6 +240,42 @@ def test_a_worker_failing_a_read_is_cooled_down_like_any_other(tmp_path: Path) -
     asyncio.run(main())
 
 
+def test_slow_reads_keep_to_their_own_connections_and_never_take_the_completions(tmp_path: Path) -> None:
+    """Forty reads of a worker that answers them slowly: four hold the read connections, the rest get 503
+    upstream_busy once the connect timeout has passed (the gateway's own limit: the worker is not cooled down),
+    and completions from another tenant go on as before, on the pool's own connections."""
+    stored = response_json("resp_kept", 12, 4)
+    go_on, four = asyncio.Event(), asyncio.Event()
+    arrived = 0
+
+    async def slow_read(request: web.Request) -> web.StreamResponse:
+        nonlocal arrived
+        arrived += 1
+        if arrived == 4:
+            four.set()
+        await go_on.wait()
+        return web.json_response(stored)
+
+    async def main() -> None:
+        async with FakeWorker(raw_json(orjson.dumps(stored)), slow_read) as w, \
+                metered(tmp_path, [w.url], {"max_connections": 16, "connect_timeout_s": 0.3}) as (gw, _):
+            await ask(gw, {"model": MODEL, "input": "keep this", "max_output_tokens": 4}, "made", "responses")
+            reads = [asyncio.create_task(read_back(gw, "resp_kept", request_id=f"r{i}")) for i in range(40)]
+            await four.wait()
+            await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)  # the first refusal: the rest wait
+            answers = [await ask(gw, chat(), f"c{i}", tenant="prem") for i in range(20)]
+            assert all(sink.status == 200 for _, sink in answers), [s.status for _, s in answers]
+            assert arrived == 4, "the reads had four connections of their own"
+            go_on.set()
+            results = [(await task)[1] for task in reads]
+            busy = [s for s in results if s.status == 503]
+            assert len(busy) == 36 and all(s.error is not None and s.error.code == "upstream_busy" for s in busy)
+            assert sum(s.status == 200 for s in results) == 4
+            assert all(worker.observed.healthy for pool in gw.upstreams.pools.values() for worker in pool.workers)
+            assert inflight(gw) == 0
+    asyncio.run(main())
+
+
 # -- over real processes -----------------------------------------------------------------------------------------
 
 def test_background_responses_are_refused_before_they_reach_a_worker(start_sim: Starter,

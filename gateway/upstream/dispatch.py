@@ -17,7 +17,7 @@ from gateway.fleet.observe import cool_down
 from gateway.fleet.worker import Worker
 from gateway.upstream.affinity import Affinity, choose
 from gateway.upstream.errors import COOLDOWN_STATUS, RETRYABLE_STATUS, UpstreamFailed, worker_errors
-from gateway.upstream.http1 import Response
+from gateway.upstream.http1 import Client, Response
 from gateway.upstream.pools import UpstreamPool
 from gateway.upstream.routing import in_turn, pick
 
@@ -25,13 +25,14 @@ from gateway.upstream.routing import in_turn, pick
 @contextlib.asynccontextmanager
 async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: bytes,
                    affinity: Affinity | None = None, pinned: str | None = None,
-                   room: Collection[Worker] = (), method: bytes = b"POST") -> AsyncIterator[tuple[Worker, Response]]:
+                   room: Collection[Worker] = (), method: bytes = b"POST",
+                   client: Client | None = None) -> AsyncIterator[tuple[Worker, Response]]:
     """``async with dispatch(...) as (worker, response):`` the response head of a worker that took the request.
     The first try goes where the request's ``affinity`` says its prompt's prefix is cached (if the pool has a
     choice), a retry to the least loaded of the others.
 
     ``pinned``: the one worker that may take it (it holds the state the request continues, or the response it
-    reads: ``method`` GET); no retry elsewhere.
+    reads: ``method`` GET, over ``client``: the pool's reads); no retry elsewhere.
     ``room``: the workers that can start it now (the scheduler's view): the first try goes to one of them when
     there are any, so that a stale load figure does not send it to an engine at its limit (a prefix cached on
     one may still go there: see affinity.choose).
@@ -78,7 +79,8 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: 
             started = time.perf_counter()
             try:
                 with worker_errors(worker, "connect", pool.spec.cooldown_s):
-                    response = await pool.client.request(method, worker.url, path, payload, headers, sent)
+                    response = await (client or pool.client).request(method, worker.url, path, payload, headers,
+                                                                     sent)
             except UpstreamFailed as exc:
                 failure = exc
                 continue

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from types import TracebackType
 
-from gateway.errors import UpstreamFailed
+from gateway.errors import Unavailable, UpstreamFailed
 from gateway.fleet.observe import cool_down, describe
 from gateway.fleet.worker import Worker
-from gateway.upstream.http1 import ConnectFailed, UpstreamError
+from gateway.upstream.http1 import ConnectFailed, PoolBusy, UpstreamError
 
 TRANSPORT_ERRORS = (UpstreamError, TimeoutError)
 RETRYABLE_STATUS = frozenset({500, 502, 503, 504})  # retried on another worker before the first byte
@@ -33,6 +33,8 @@ class worker_errors:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        if isinstance(exc, PoolBusy):  # the gateway's own connection limit: the worker did nothing wrong
+            raise Unavailable("Every connection to the worker is in use; retry shortly.", "upstream_busy") from None
         if exc is not None and isinstance(exc, TRANSPORT_ERRORS):
             reason = describe(exc)
             cool_down(self.worker, reason, self.cooldown_s)

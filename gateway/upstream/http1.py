@@ -43,6 +43,11 @@ class ConnectFailed(UpstreamError):
     """No connection: refused, unreachable, or no free connection and none made within the connect timeout."""
 
 
+class PoolBusy(ConnectFailed):
+    """Every connection this client may open to the worker is in use: the gateway's own limit, not the worker's
+    fault (it is not cooled down for it)."""
+
+
 class ReadTimeout(UpstreamError, TimeoutError):
     """The worker sent nothing for longer than the read timeout."""
 
@@ -440,7 +445,7 @@ class OriginPool:
                     waiter.cancel()
                     self.waiters.remove(waiter)
                 if isinstance(exc, TimeoutError):
-                    raise ConnectFailed(f"no free connection within {connect_timeout:g}s ({self.limit} in use)") \
+                    raise PoolBusy(f"no free connection within {connect_timeout:g}s ({self.limit} in use)") \
                         from None
                 raise
             if handed is not None:

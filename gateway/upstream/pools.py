@@ -42,6 +42,7 @@ class Lease:
 
 # The scrapes' answers: a head of a worker's size, a body the readers cap themselves (gateway.fleet.observe), and no
 # deadline past the scrape's own timeout.
+READ_CONNECTIONS = 4  # per worker, for stored responses read back; more wait, then 503 upstream_busy
 SCRAPE_CAPS = Caps(head_bytes=16384, body_bytes=2 * MAX_METRICS_BYTES, deadline_s=60.0)
 
 
@@ -67,6 +68,10 @@ class UpstreamPool:
         # with the requests' client: reading the workers is most of what an idle gateway does, and aiohttp's
         # session, used here before, made an idle gateway with two workers cost 0.57-0.60% of a core against
         # 0.47-0.53% now (bench_idle, alternated).
+        # Stored responses read back (GET /v1/responses/{id}) over a few connections of their own: reads hold no
+        # scheduler slot, so on the requests' connections 40 slow ones took a 16-connection pool from everyone.
+        self.reads = Client(READ_CONNECTIONS, spec.keepalive_s, spec.connect_timeout_s, spec.read_timeout_s,
+                            caps=Caps(spec.max_answer_head_bytes, spec.max_answer_bytes, spec.answer_deadline_s))
         self._scrape_timeout = min(2.0, max(0.5, spec.scrape_interval_s * 2))
         self._scrape_client = Client(2, 60.0, self._scrape_timeout, self._scrape_timeout, caps=SCRAPE_CAPS)
         self._scraper: asyncio.Task[None] | None = None
@@ -116,6 +121,7 @@ class UpstreamPool:
         if self._scraper:
             self._scraper.cancel()
         self.client.close()
+        self.reads.close()
         self._scrape_client.close()
 
 
