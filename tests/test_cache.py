@@ -203,6 +203,45 @@ def test_lru_limit_and_admin_purge(start_sim: Starter, start_gateway: Starter) -
     assert ask(gw, "third question about dogs").headers["x-tollgate-cache"] == "miss"
 
 
+def _rss(proc: Proc) -> int:
+    return int(Path(f"/proc/{proc.pid}/status").read_text().split("VmRSS:")[1].split()[0]) * 1024
+
+
+def test_large_embeddings_answers_leave_the_gateway_memory_bounded(start_sim: Starter, start_gateway: Starter) -> None:
+    """The issue's case on the default bounds: 30 embeddings requests of up to ~20 KB from one tenant, a third of
+    them 2,048 inputs with ~16 MB answers (over the 2 MiB entry cap: served, never stored), the rest 240 inputs
+    with ~1.9 MB answers (stored, until they fill the tenant's 32 MiB and the oldest go). ``before`` is taken
+    after the same traffic with ``no-store``, so the growth is what the cache keeps, not the allocator's
+    high-water mark from relaying big answers. Measured: 216 MB without the byte bounds, 40 MB with them."""
+    sim = start_sim("--runner", "pooling", "--model", "sim-embed", "--zero-delay")
+    policy = policy_dict([sim.url], model="sim-embed")
+    policy["models"]["sim-embed"]["kind"] = policy["models"]["other-model"]["kind"] = "embed"
+    policy["cache"] = {"enabled": True}
+    gw = start_gateway(policy)
+
+    def embed(n: int, inputs: int | None = None, **headers: str) -> httpx.Response:
+        inputs = inputs or (2048 if n % 3 == 2 else 240)
+        body = {"model": "sim-embed", "input": [f"{n}:{i:04d}" for i in range(inputs)]}
+        reply = httpx.post(gw.url + "/v1/embeddings", json=body, timeout=60,
+                           headers={"authorization": f"Bearer {DEMO_KEY}", **headers})
+        assert reply.status_code == 200 and len(reply.json()["data"]) == inputs, reply.text[:500]
+        return reply
+
+    for n in range(1000, 1030):
+        embed(n, **{"cache-control": "no-store"})
+    before = _rss(gw)
+    sizes = [len(embed(n).content) for n in range(30)]
+    assert sizes[2] > 10 << 20 > sizes[0] > 1 << 20
+    assert wait_for(lambda: metric_value(gw.url, "tollgate_cache_not_stored_total", reason="too_large") == 10)
+    assert wait_for(lambda: embed(28).headers["x-tollgate-cache"] == "hit-exact"), "the ~1.9 MB answers are stored"
+    held = metric_value(gw.url, "tollgate_cache_bytes")
+    assert 28 << 20 < held <= 32 << 20, "the tenant's share (32 MiB) is filled and not passed"
+    grown = _rss(gw) - before
+    assert grown <= 64 << 20, f"RSS grew {grown / 2**20:.0f} MiB"
+    assert embed(29).headers["x-tollgate-cache"] == "miss", "a large answer is served, not stored"
+    assert embed(0).headers["x-tollgate-cache"] == "miss", "the oldest were evicted"
+
+
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[Callable[[], None]]:
     """A redis-server of this test's own on a free port; yields a restart function (same port, empty)."""

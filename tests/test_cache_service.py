@@ -1,22 +1,26 @@
-"""The cache service's failure rules in-process: it sheds its own work under load, and an outage of its store
-loses nothing and duplicates nothing."""
+"""The cache service's failure rules in-process: it sheds its own work under load, an outage of its store
+loses nothing and duplicates nothing, and what it holds is bounded in bytes per tenant and in total."""
 
 from __future__ import annotations
 
 import asyncio
 
 import numpy as np
+import orjson
+import redis
 from aiohttp import web
 
 from gateway.cache.keys import CacheKey, cache_key
 from gateway.cache.service import SemanticCache
-from gateway.cache.store import Entry, MemoryStore, StoreUnavailable
+from gateway.cache.store import Entry, MemoryStore, RedisStore, StoreUnavailable
 from gateway.fleet.observe import scrape
 from gateway.fleet.worker import Worker
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.loader import TenantView
-from gateway.policy.schema import CachePolicy
+from gateway.policy.schema import CachePolicy, StatePolicy
+from gateway.state import SharedState
 from gateway.upstream.http1 import Client
+from tests.fakes import chunk, usage_event
 
 TENANT = TenantView("acme", "standard", None, 512, 4096, "clamp")
 SPEC = CachePolicy(enabled=True)
@@ -49,10 +53,10 @@ class DownStore(MemoryStore):
         super().__init__()
         self.up = False
 
-    async def put(self, entry: Entry, max_per_tenant: int) -> list[str]:
+    async def put(self, entry: Entry, spec: CachePolicy) -> list[str]:
         if not self.up:
             raise StoreUnavailable("down")
-        return await super().put(entry, max_per_tenant)
+        return await super().put(entry, spec)
 
 
 def key(question: str) -> CacheKey:
@@ -147,3 +151,140 @@ def test_one_late_health_check_does_not_drop_a_worker() -> None:
     asyncio.run(main())
 
 
+
+
+MIB = 1 << 20
+SMALL = CachePolicy(enabled=True, max_tenant_bytes=MIB, max_bytes=2 * MIB)  # an entry may hold up to 64 KiB
+
+
+def embedding_key(tenant: str, n: int) -> CacheKey:
+    view = TenantView(tenant, "standard", None, 512, 4096, "clamp")
+    made = cache_key("embeddings", {"model": "e", "input": [f"text {n}"]}, view, True, SMALL, 0)
+    assert isinstance(made, CacheKey)
+    return made
+
+
+def embeddings_answer(inputs: int) -> bytes:
+    """An answer of ``inputs`` 384-float vectors: ~8 KB of JSON each."""
+    rng = np.random.default_rng(inputs)
+    data = [{"object": "embedding", "index": i, "embedding": rng.standard_normal(384).tolist()}
+            for i in range(inputs)]
+    return orjson.dumps({"object": "list", "data": data, "usage": {"prompt_tokens": inputs, "total_tokens": inputs}})
+
+
+async def remember_all(cache: SemanticCache, keys: list[CacheKey], payload: bytes) -> None:
+    for k in keys:
+        await cache._remember(k, "embeddings", payload, False, None, SMALL)
+
+
+async def stored(store: MemoryStore, keys: list[CacheKey]) -> list[bool]:
+    return [await store.get_exact(k.exact) is not None for k in keys]
+
+
+def test_large_answers_from_one_tenant_stay_within_its_bytes() -> None:
+    async def main() -> None:
+        cache = started_cache(FakeEmbedder())
+        await cache.start()
+        store = cache.store
+        assert isinstance(store, MemoryStore)
+        payload = embeddings_answer(5)
+        assert 32 << 10 < len(payload) < SMALL.max_entry_bytes
+        keys = [embedding_key("acme", n) for n in range(60)]  # ~2.3 MiB of answers for a 1 MiB share
+        for i, k in enumerate(keys):
+            await cache._remember(k, "embeddings", payload, False, None, SMALL)
+            if i % 8 == 0:  # the first answer keeps being asked for
+                assert (await cache.lookup(keys[0], SMALL)).result == "hit-exact"
+                await asyncio.wait(cache._tasks)  # the LRU touch runs in the background
+        kept = await stored(store, keys)
+        assert store.held == store.footprint.tenant_bytes("acme") <= SMALL.max_tenant_bytes
+        assert store.held > SMALL.max_tenant_bytes - SMALL.max_entry_bytes, "the share is used, not emptied"
+        assert sum(len(e.answer) for e in store.entries.values()) < store.held, "the bytes held are counted"
+        assert 10 < sum(kept) < 40 and kept[0] and all(kept[-10:]), "the most recently used stay"
+        assert not any(kept[1:20]), "the least recently used went first"
+        assert cache.metrics.cache_bytes._value.get() == store.held
+        await cache.close()
+    asyncio.run(main())
+
+
+def test_a_tenant_over_its_share_evicts_its_own_and_the_total_the_oldest() -> None:
+    async def main() -> None:
+        cache = started_cache(FakeEmbedder())
+        await cache.start()
+        store = cache.store
+        assert isinstance(store, MemoryStore)
+        payload = embeddings_answer(5)
+        globex = [embedding_key("globex", n) for n in range(5)]
+        acme = [embedding_key("acme", n) for n in range(60)]
+        await remember_all(cache, globex, payload)
+        await remember_all(cache, acme, payload)
+        assert all(await stored(store, globex)), "acme filling its share evicts only acme's entries"
+        assert store.footprint.tenant_bytes("acme") <= SMALL.max_tenant_bytes
+        held = [k for k, kept in zip(globex + acme, await stored(store, globex + acme), strict=True) if kept]
+        # a third tenant fills its share: the total (2 MiB) is passed, and the oldest entries of all go
+        initech = [embedding_key("initech", n) for n in range(60)]
+        await remember_all(cache, initech, payload)
+        assert store.held <= SMALL.max_bytes
+        still = await stored(store, held)
+        assert not still[0] and still[-1] and still == sorted(still), "the least recently used of all went"
+        assert all((await stored(store, initech))[-10:])
+        await cache.close()
+    asyncio.run(main())
+
+
+def test_an_answer_over_the_entry_cap_is_not_stored() -> None:
+    async def main() -> None:
+        cache = started_cache(FakeEmbedder())
+        await cache.start()
+        store = cache.store
+        assert isinstance(store, MemoryStore)
+        big = embeddings_answer(20)
+        assert len(big) > SMALL.max_entry_bytes
+        await cache._remember(embedding_key("acme", 1), "embeddings", big, False, None, SMALL)
+        # a streamed chat answer: its SSE is parsed, and the text it holds is over the cap
+        events = chunk("word " * 14_000, "stop") + usage_event(5, 14_000) + b"data: [DONE]\n\n"
+        await cache._remember(key("Tell me everything"), "chat", events, True, None, SMALL)
+        assert store.entries == {} and store.held == 0
+        assert cache.metrics.cache_not_stored.labels("too_large")._value.get() == 2
+        assert (await cache.lookup(embedding_key("acme", 1), SMALL)).result == "miss"
+        await cache._remember(embedding_key("acme", 2), "embeddings", embeddings_answer(5), False, None, SMALL)
+        assert len(store.entries) == 1, "the positive control: an answer under the cap is stored"
+        await cache.close()
+    asyncio.run(main())
+
+
+def test_writes_held_while_the_store_is_down_are_bounded_in_bytes() -> None:
+    async def main() -> None:
+        cache = started_cache(FakeEmbedder())
+        cache.store = DownStore()
+        await cache.start()
+        keys = [embedding_key("acme", n) for n in range(60)]
+        await remember_all(cache, keys, embeddings_answer(5))
+        assert 10 < len(cache._pending) < 40, "the latest writes are kept, within the tenant's share"
+        assert cache._pending_held.total <= SMALL.max_tenant_bytes
+        assert list(cache._pending) == [k.exact for k in keys[-len(cache._pending):]]
+        await cache.close()
+    asyncio.run(main())
+
+
+def test_on_redis_the_entry_cap_holds_before_writing_and_each_replica_index_is_bounded() -> None:
+    async def main() -> None:
+        redis.Redis(db=15).flushdb()
+        store = RedisStore(SharedState(StatePolicy(redis_url="redis://127.0.0.1:6379/15")))
+        spec = CachePolicy(enabled=True, max_tenant_bytes=MIB // 4, max_bytes=MIB)  # ~240 vectors of 8 floats
+        cache = SemanticCache(spec, GatewayMetrics(), store, embedder=FakeEmbedder())
+        await cache.start()
+        embedder = FakeEmbedder()
+        questions = [f"What is item number {i} for?" for i in range(300)]
+        for q in questions:
+            await cache._remember(key(q), "chat", answer("ok"), False, await embedder.embed(q), spec)
+        assert cache.index is not None
+        assert cache.index.held.tenant_bytes("acme") <= spec.max_tenant_bytes and len(cache.index) < 300
+        assert cache.metrics.cache_bytes._value.get() == cache.index.held.total
+        assert all([await store.get_exact(key(q).exact) is not None for q in questions]), \
+            "an index evicting a vector leaves the entry in Redis (the exact layer)"
+        assert (await cache.lookup(key(questions[0]), spec)).result == "hit-exact"
+        await cache._remember(key("Tell me everything"), "chat", answer("word " * 4000), False, None, spec)
+        assert await store.get_exact(key("Tell me everything").exact) is None, "over the cap: never written"
+        assert cache.metrics.cache_not_stored.labels("too_large")._value.get() == 1
+        await cache.close()
+    asyncio.run(main())

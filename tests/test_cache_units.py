@@ -114,6 +114,9 @@ def test_scopes_separate_what_must_not_be_shared() -> None:
     assert not isinstance(korean, str) and korean.language == "ko" and not korean.semantic
 
 
+UNBOUNDED = (1 << 40, 1 << 40)  # tenant and total bytes
+
+
 def _vec(seed: int, dim: int = 16) -> np.ndarray:
     v = np.random.default_rng(seed).standard_normal(dim).astype(np.float32)
     return v / np.linalg.norm(v)
@@ -122,12 +125,12 @@ def _vec(seed: int, dim: int = 16) -> np.ndarray:
 def test_index_scopes_removal_and_hnsw_switch() -> None:
     index = VectorIndex(16, hnsw_above=100)
     for i in range(150):
-        index.add(f"e{i}", "s1" if i % 2 == 0 else "s2", _vec(i), time.time() + 60)
+        index.add(f"e{i}", "s1" if i % 2 == 0 else "s2", _vec(i), time.time() + 60, "acme", *UNBOUNDED)
     assert index.scopes["s2"].flat and index.size("s2") == 75
     assert index.search("s1", _vec(10))[0] == ("e10", pytest.approx(1.0, abs=1e-5))
     assert all(entry_id != "e11" for entry_id, _ in index.search("s1", _vec(11))), "never across scopes"
     for i in range(100, 160, 2):  # s1: 75 + 30 entries, past hnsw_above=100
-        index.add(f"x{i}", "s1", _vec(1000 + i), time.time() + 60)
+        index.add(f"x{i}", "s1", _vec(1000 + i), time.time() + 60, "acme", *UNBOUNDED)
     assert not index.scopes["s1"].flat, "switched to HNSW past hnsw_above"
     assert index.search("s1", _vec(10))[0][0] == "e10"
     index.remove("e10")
@@ -156,18 +159,19 @@ def store(request: pytest.FixtureRequest) -> Any:
 def test_store_lru_ttl_exact_and_events(store: Any) -> None:
     async def main() -> None:
         cursor = await store.last_event_id() if isinstance(store, RedisStore) else "0-0"
+        two = CachePolicy(max_entries_per_tenant=2)
         first, second, third = _entry(question="one"), _entry(question="two"), _entry(question="three")
-        assert await store.put(first, 2) == []
-        assert await store.put(second, 2) == []
+        assert await store.put(first, two) == []
+        assert await store.put(second, two) == []
         await store.touch(first)  # first is now the most recently used
-        assert await store.put(third, 2) == [second.id], "LRU eviction per tenant"
+        assert await store.put(third, two) == [second.id], "LRU eviction per tenant"
         assert (await store.get_exact("x-one")).answer == "a"
         assert await store.get(second.id) is None
-        assert await store.put(_entry(tenant="other", question="four"), 2) == [], "limits are per tenant"
+        assert await store.put(_entry(tenant="other", question="four"), two) == [], "limits are per tenant"
         stored = await store.get(first.id)
         assert stored is not None and np.allclose(stored.vector, first.vector)
         short = _entry(question="brief", ttl=0.5)
-        await store.put(short, 10)
+        await store.put(short, CachePolicy())
         await asyncio.sleep(1.2)
         assert await store.get(short.id) is None, "expired"
         assert sorted(await store.select("acme", None)) == sorted([first.id, third.id])
@@ -248,3 +252,13 @@ def test_embeddings_are_cached_exactly_per_tenant_model_and_parameters() -> None
     replayed = orjson.loads(json_body(entry, "e", "hit-exact"))
     assert replayed["data"] == orjson.loads(answer)["data"] and replayed["usage"]["prompt_tokens"] == 3
     assert replayed["object"] == "list" and replayed["model"] == "e"
+
+
+def test_the_byte_bounds_are_checked_at_load() -> None:
+    from pydantic import ValidationError
+
+    spec = CachePolicy()
+    assert (spec.max_bytes, spec.max_tenant_bytes, spec.max_entry_bytes) == (256 << 20, 32 << 20, 2 << 20)
+    for wrong in ({"max_tenant_bytes": 512 << 20}, {"max_bytes": 1000}, {"max_tenant_bytes": 0}):
+        with pytest.raises(ValidationError):
+            CachePolicy(**wrong)

@@ -3,6 +3,10 @@
 Flat while a scope is small (exact search; 10k vectors in ~0.2 ms), HNSW once it passes ``hnsw_above``
 (100k vectors in ~0.4 ms). HNSW cannot delete, so removals there are tombstones until a rebuild.
 A search never crosses scopes: that is the tenant, model and system-prompt isolation.
+
+The index bounds its vectors in bytes per tenant and in total, as the in-process store bounds its entries:
+a replica on the Redis store keeps the vectors of every replica's entries, and nothing else bounds those.
+A vector evicted here leaves its entry in the store, still found by the exact layer.
 """
 
 from __future__ import annotations
@@ -12,6 +16,12 @@ from dataclasses import dataclass, field
 
 import faiss
 import numpy as np
+
+from gateway.cache.bounds import Footprint
+
+# Per vector besides its floats: the id maps here and in faiss, the expiry, the LRU's places (tracemalloc: 0.53 KB
+# on the Python side), HNSW links.
+VECTOR_OVERHEAD = 1024
 
 
 @dataclass
@@ -34,6 +44,7 @@ class VectorIndex:
         self.ids: dict[str, tuple[str, int]] = {}  # entry id -> (scope, faiss id)
         self.entry_of: dict[int, str] = {}
         self.expires: dict[str, float] = {}
+        self.held = Footprint()
         self._next = itertools.count(1)
 
     def __contains__(self, entry_id: str) -> bool:
@@ -46,9 +57,19 @@ class VectorIndex:
         s = self.scopes.get(scope)
         return 0 if s is None else len(s.vectors)
 
-    def add(self, entry_id: str, scope: str, vector: np.ndarray, expires: float) -> None:
+    def add(self, entry_id: str, scope: str, vector: np.ndarray, expires: float, tenant: str, tenant_max: int,
+            total_max: int) -> None:
+        """Index a vector (float32: its own copy and faiss's), then drop the least recently used past either bound."""
         if entry_id in self.ids:
             return
+        self._add(entry_id, scope, vector, expires)
+        for victim in self.held.add(entry_id, tenant, VECTOR_OVERHEAD + 8 * vector.size, tenant_max, total_max):
+            self.remove(victim)
+
+    def touch(self, entry_id: str) -> None:
+        self.held.touch(entry_id)
+
+    def _add(self, entry_id: str, scope: str, vector: np.ndarray, expires: float) -> None:
         s = self.scopes.get(scope)
         if s is None:
             s = self.scopes[scope] = _Scope(self.dim)
@@ -66,6 +87,7 @@ class VectorIndex:
             s.index.add_with_ids(vec, np.array([fid], dtype=np.int64))
 
     def remove(self, entry_id: str) -> None:
+        self.held.remove(entry_id)
         found = self.ids.pop(entry_id, None)
         self.expires.pop(entry_id, None)
         if found is None:

@@ -3,18 +3,24 @@
 Failure rule: the cache may only ever make a request faster. A lookup that errors or runs past its
 timeout is a bypass; a store that is down is skipped for a second at a time (so requests do not each
 pay the timeout) and writes made meanwhile wait in a bounded buffer until it is back.
+
+Memory rule: what this process holds for the cache is bounded in bytes, per tenant and in total
+(``max_tenant_bytes``, ``max_bytes``): the in-process store's entries, or on Redis this replica's index
+and its buffered writes. An answer over ``max_entry_bytes`` is served but never stored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from gateway.cache.bounds import Footprint
 from gateway.cache.embedder import Embedder, ProcessEmbedder
 from gateway.cache.index import VectorIndex
 from gateway.cache.keys import CacheKey
@@ -56,10 +62,11 @@ class SemanticCache:
         self._last_warning = 0.0
         # Writes made while the store is down, one per exact request (the latest), replayed when it is back.
         self._pending: collections.OrderedDict[str, Entry] = collections.OrderedDict()
+        self._pending_held = Footprint()
         self._tasks: set[asyncio.Task[None]] = set()
         self._sync: asyncio.Task[None] | None = None
-        # stored answers waiting to be embedded for the semantic layer (exact hits work meanwhile)
-        self._unindexed: collections.deque[Entry] = collections.deque(maxlen=10_000)
+        # ids of stored answers waiting to be embedded for the semantic layer (exact hits work meanwhile)
+        self._unindexed: collections.deque[str] = collections.deque(maxlen=10_000)
         self._quiet_indexer_wakeup = asyncio.Event()
         self._last_semantic_lookup = 0.0
         self._indexer: asyncio.Task[None] | None = None
@@ -72,6 +79,7 @@ class SemanticCache:
             self.embedder = await asyncio.to_thread(ProcessEmbedder, self.spec.batch_max,
                                                     self.spec.batch_wait_ms / 1000)
         self.index = VectorIndex(self.embedder.dim, self.spec.hnsw_above)
+        self._count_held()
         self._indexer = asyncio.get_running_loop().create_task(self._index_when_quiet())
         if self.store.shared:
             self._sync = asyncio.get_running_loop().create_task(self._follow())
@@ -138,7 +146,7 @@ class SemanticCache:
         started = time.perf_counter()
         entry = await self._guarded(self.store.get_exact(key.exact))
         if entry is not None and self._fits(entry, key):
-            self._background(self._guarded(self.store.touch(entry)))
+            self._touch(entry)
             return Lookup("hit-exact", entry, 1.0)
         if not key.semantic:
             return Lookup("miss", reason=f"language:{key.language}")
@@ -171,9 +179,14 @@ class SemanticCache:
                     continue
             if not self._fits(entry, key):
                 continue
-            self._background(self._guarded(self.store.touch(entry)))
+            self._touch(entry)
             return Lookup("hit-semantic", entry, score, vector)
         return Lookup("miss", vector=vector)
+
+    def _touch(self, entry: Entry) -> None:
+        assert self.index is not None
+        self.index.touch(entry.id)
+        self._background(self._guarded(self.store.touch(entry)))
 
     # -- storing ----------------------------------------------------------------------------------------
 
@@ -184,6 +197,9 @@ class SemanticCache:
 
     async def _remember(self, key: CacheKey, endpoint: str, payload: bytes, streamed: bool,
                         vector: np.ndarray | None, spec: CachePolicy) -> None:
+        if not streamed and len(payload) > spec.max_entry_bytes:  # the answer is most of it: not worth parsing
+            self.metrics.cache_not_stored.labels("too_large").inc()
+            return
         parse = answer_from_sse if streamed else answer_from_json
         try:
             # a thread hop costs more than parsing a short answer (tens of microseconds) on the loop
@@ -201,9 +217,9 @@ class SemanticCache:
                       prompt_tokens=int(usage.get("prompt_tokens") or 0),
                       completion_tokens=int(usage.get("completion_tokens") or 0), max_tokens=key.max_tokens,
                       expires=time.time() + spec.ttl_s, vector=vector)
-        await self._put(entry, spec.max_entries_per_tenant)
-        if vector is None and key.semantic:  # no lookup embedded it (bypassed): index it once things are quiet
-            self._unindexed.append(entry)
+        if await self._put(entry, spec) and vector is None and key.semantic:
+            # no lookup embedded it (bypassed): index it once things are quiet
+            self._unindexed.append(entry.id)
             self._quiet_indexer_wakeup.set()
 
     async def _index_when_quiet(self) -> None:
@@ -219,40 +235,69 @@ class SemanticCache:
                 if quiet_for < _QUIET_S or self.embedder.expected_wait_s() > 0.01:
                     await asyncio.sleep(max(0.05, _QUIET_S - quiet_for))
                     continue
-                entry = self._unindexed.popleft()
-                if not entry.alive():
-                    continue
+                entry_id = self._unindexed.popleft()
                 try:
-                    entry.vector = await self.embedder.embed(entry.question)
-                    await self._put(entry, self.spec.max_entries_per_tenant)
+                    entry = await self._guarded(self.store.get(entry_id))
+                    if entry is not None:  # evicted or expired meanwhile, it is not stored again
+                        vector = await self.embedder.embed(entry.question)
+                        await self._put(dataclasses.replace(entry, vector=vector), self.spec)
+                except StoreUnavailable:
+                    continue
                 except Exception:  # the cache may only make things faster; try the next one
                     log.exception("indexing a stored answer failed")
             self._quiet_indexer_wakeup.clear()
 
-    async def _put(self, entry: Entry, max_per_tenant: int) -> None:
+    async def _put(self, entry: Entry, spec: CachePolicy) -> bool:
+        """Store an entry (or buffer it while the store is down); False if it is too large to keep."""
         assert self.index is not None
+        if entry.held_bytes() > spec.max_entry_bytes:
+            self.metrics.cache_not_stored.labels("too_large").inc()
+            return False
         try:
-            evicted = await self._guarded(self.store.put(entry, max_per_tenant))
+            evicted = await self._guarded(self.store.put(entry, spec))
         except StoreUnavailable:
-            self._pending.pop(entry.exact, None)
-            self._pending[entry.exact] = entry  # written when the store is back
-            if len(self._pending) > _PENDING_MAX:
-                self._pending.popitem(last=False)
+            self._buffer(entry, spec)
             self.metrics.cache_store_errors.inc()
-            return
-        if entry.vector is not None:
-            self.index.add(entry.id, entry.scope, entry.vector, entry.expires)
+            return True
         for entry_id in evicted:
             self.index.remove(entry_id)
+        if entry.vector is not None:
+            self.index.add(entry.id, entry.scope, entry.vector, entry.expires, entry.tenant, spec.max_tenant_bytes,
+                           spec.max_bytes)
         self.metrics.cache_entries.set(len(self.index))
+        self._count_held()
+        return True
+
+    def _buffer(self, entry: Entry, spec: CachePolicy) -> None:
+        """Keep a write for when the store is back, within what the index leaves of the byte bounds."""
+        assert self.index is not None
+        self._pending_held.remove(entry.exact)
+        self._pending.pop(entry.exact, None)
+        self._pending[entry.exact] = entry
+        room_tenant = spec.max_tenant_bytes - self.index.held.tenant_bytes(entry.tenant)
+        room = spec.max_bytes - self.index.held.total
+        for exact in self._pending_held.add(entry.exact, entry.tenant, entry.held_bytes(), room_tenant, room):
+            self._pending.pop(exact, None)
+        if len(self._pending) > _PENDING_MAX:
+            self._pending_held.remove(self._pending.popitem(last=False)[0])
+        self._count_held()
+
+    def _count_held(self) -> None:
+        """Bytes this process holds for the cache: the in-process store's entries count their index share,
+        a shared store's live in Redis and this replica holds their vectors."""
+        assert self.index is not None
+        index = self.index.held.total if self.store.shared else 0
+        self.metrics.cache_bytes.set(self.store.held + index + self._pending_held.total)
 
     async def flush_pending(self) -> None:
         while self._pending:
-            _, entry = self._pending.popitem(last=False)
+            exact, entry = self._pending.popitem(last=False)
+            self._pending_held.remove(exact)
             if entry.alive():
-                await self._put(entry, self.spec.max_entries_per_tenant)
+                await self._put(entry, self.spec)
                 if time.monotonic() < self._down_until:
                     return
+        self._count_held()
 
     def _background(self, coro) -> None:  # type: ignore[no-untyped-def]
         task = asyncio.get_running_loop().create_task(coro)
@@ -268,6 +313,7 @@ class SemanticCache:
         for i in ids:
             self.index.remove(i)
         self.metrics.cache_entries.set(len(self.index))
+        self._count_held()
         return removed
 
     # -- replicas ---------------------------------------------------------------------------------------
@@ -281,9 +327,11 @@ class SemanticCache:
                 fresh = VectorIndex(self.embedder.dim, self.spec.hnsw_above)
                 async for entry in self.store.scan():
                     if entry.vector is not None:
-                        fresh.add(entry.id, entry.scope, entry.vector, entry.expires)
+                        fresh.add(entry.id, entry.scope, entry.vector, entry.expires, entry.tenant,
+                                  self.spec.max_tenant_bytes, self.spec.max_bytes)
                 self.index = fresh
                 self.metrics.cache_entries.set(len(fresh))
+                self._count_held()
                 self._down_until = 0.0
                 self.metrics.cache_store_up.set(1)
                 log.info("cache index rebuilt from the shared store: %d entries", len(fresh))
@@ -296,9 +344,11 @@ class SemanticCache:
                         elif entry_id not in self.index:
                             entry = await self.store.get(entry_id)
                             if entry is not None and entry.vector is not None:
-                                self.index.add(entry.id, entry.scope, entry.vector, entry.expires)
+                                self.index.add(entry.id, entry.scope, entry.vector, entry.expires, entry.tenant,
+                                               self.spec.max_tenant_bytes, self.spec.max_bytes)
                     if events:
                         self.metrics.cache_entries.set(len(self.index))
+                        self._count_held()
                     if self._pending:
                         await self.flush_pending()
             except StoreUnavailable as exc:

@@ -1,23 +1,30 @@
 """Where cache entries live: in process (the embedded default) or in Redis (shared by every replica).
 
 Both keep, per entry: the question, its embedding, the answer, the scope and the expiry, plus an exact
-key and a per-tenant LRU. The Redis store also writes every insert and delete to a stream, from which
+key and a per-tenant LRU. The in-process store bounds what it holds in bytes, per tenant and in total
+(gateway.cache.bounds). The Redis store also writes every insert and delete to a stream, from which
 each replica keeps its own faiss index in step (and rebuilds it at start from the entries themselves).
 """
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from gateway.cache.bounds import Footprint
+from gateway.policy.schema import CachePolicy
+
 if TYPE_CHECKING:
     from gateway.state import SharedState
+
+# An Entry with its ids, keys and numbers, and its places in the exact map and the LRUs (tracemalloc: 0.86 KB).
+ENTRY_OVERHEAD = 1024
 
 
 @dataclass
@@ -40,6 +47,11 @@ class Entry:
 
     def alive(self, now: float | None = None) -> bool:
         return (now or time.time()) < self.expires
+
+    def held_bytes(self) -> int:
+        """What keeping this entry in memory costs: its texts, its vector and the index's copies of it."""
+        vector = 0 if self.vector is None else 3 * self.vector.nbytes
+        return ENTRY_OVERHEAD + sys.getsizeof(self.answer) + sys.getsizeof(self.question) + vector
 
     def to_redis(self) -> dict[str, bytes | str]:
         out: dict[str, bytes | str] = {k: str(v) for k, v in self.__dict__.items() if k != "vector"}
@@ -65,10 +77,11 @@ class StoreUnavailable(Exception):
 
 class CacheStore(Protocol):
     shared: bool
+    held: int  # bytes of entries kept in this process
 
     async def get(self, entry_id: str) -> Entry | None: ...
     async def get_exact(self, exact: str) -> Entry | None: ...
-    async def put(self, entry: Entry, max_per_tenant: int) -> list[str]: ...
+    async def put(self, entry: Entry, spec: CachePolicy) -> list[str]: ...
     async def touch(self, entry: Entry) -> None: ...
     async def delete(self, ids: list[str]) -> int: ...
     async def select(self, tenant: str | None, model: str | None) -> list[str]: ...
@@ -85,7 +98,11 @@ class MemoryStore:
     def __init__(self) -> None:
         self.entries: dict[str, Entry] = {}
         self.exact: dict[str, str] = {}
-        self.lru: dict[str, OrderedDict[str, None]] = {}
+        self.footprint = Footprint()
+
+    @property
+    def held(self) -> int:
+        return self.footprint.total
 
     async def get(self, entry_id: str) -> Entry | None:
         entry = self.entries.get(entry_id)
@@ -98,23 +115,19 @@ class MemoryStore:
         entry_id = self.exact.get(exact)
         return await self.get(entry_id) if entry_id else None
 
-    async def put(self, entry: Entry, max_per_tenant: int) -> list[str]:
+    async def put(self, entry: Entry, spec: CachePolicy) -> list[str]:
         self.entries[entry.id] = entry
         old = self.exact.get(entry.exact)
         self.exact[entry.exact] = entry.id
-        lru = self.lru.setdefault(entry.tenant, OrderedDict())
-        lru[entry.id] = None
         evicted = [old] if old and old != entry.id else []
-        while len(lru) > max_per_tenant:
-            evicted.append(lru.popitem(last=False)[0])
+        evicted += self.footprint.add(entry.id, entry.tenant, entry.held_bytes(), spec.max_tenant_bytes,
+                                      spec.max_bytes, spec.max_entries_per_tenant)
         if evicted:
             await self.delete(evicted)
         return evicted
 
     async def touch(self, entry: Entry) -> None:
-        lru = self.lru.get(entry.tenant)
-        if lru is not None and entry.id in lru:
-            lru.move_to_end(entry.id)
+        self.footprint.touch(entry.id)
 
     async def delete(self, ids: list[str]) -> int:
         """Remove entries; returns how many existed."""
@@ -126,7 +139,7 @@ class MemoryStore:
             removed += 1
             if self.exact.get(entry.exact) == entry_id:
                 del self.exact[entry.exact]
-            self.lru.get(entry.tenant, OrderedDict()).pop(entry_id, None)
+            self.footprint.remove(entry_id)
         return removed
 
     async def select(self, tenant: str | None, model: str | None) -> list[str]:
@@ -148,6 +161,7 @@ class RedisStore:
     """Entries as hashes, an exact-key index, a per-tenant LRU (sorted set) and a replication stream."""
 
     shared = True
+    held = 0  # entries live in Redis; what a replica keeps of them is its index (SemanticCache)
 
     def __init__(self, state: SharedState) -> None:
         """On the process's one Redis client, under its namespace."""
@@ -179,7 +193,7 @@ class RedisStore:
         entry_id = await self._call(self.redis.get(f"{self.prefix}x:{exact}"))
         return await self.get(entry_id.decode()) if entry_id else None
 
-    async def put(self, entry: Entry, max_per_tenant: int) -> list[str]:
+    async def put(self, entry: Entry, spec: CachePolicy) -> list[str]:
         ttl = max(1, int(entry.expires - time.time()))
         lru = f"{self.prefix}lru:{entry.tenant}"
         pipe = self.redis.pipeline(transaction=True)
@@ -192,7 +206,7 @@ class RedisStore:
         results = await self._call(pipe.execute())
         replaced = results[2].decode() if results[2] else None
         evicted = [replaced] if replaced and replaced != entry.id else []  # one entry per exact request
-        overflow = int(results[-1]) - max_per_tenant
+        overflow = int(results[-1]) - spec.max_entries_per_tenant
         if overflow > 0:
             popped = await self._call(self.redis.zpopmin(lru, overflow))
             evicted += [member.decode() for member, _ in popped]

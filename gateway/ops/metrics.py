@@ -65,6 +65,10 @@ class GatewayMetrics:
         self.cache_store_errors = Counter("tollgate_cache_store_errors", "Cache writes deferred: store down.",
                                           registry=r)
         self.cache_entries = Gauge("tollgate_cache_entries", "Entries in this replica's semantic index.", registry=r)
+        self.cache_bytes = Gauge("tollgate_cache_bytes", "Bytes this process holds for the response cache (entries "
+                                 "in process, or this replica's index and buffered writes).", registry=r)
+        self.cache_not_stored = Counter("tollgate_cache_not_stored", "Answers the cache did not keep, by reason.",
+                                        ["reason"], registry=r)
         self.queue_depth = Gauge("tollgate_queue_depth", "Requests waiting in the gateway's queues.",
                                  ["pool", "class"], registry=r)
         self.scale_desired = Gauge("tollgate_scale_desired_workers", "Workers each pool should have by the "

@@ -12,10 +12,11 @@ from datetime import date
 from ipaddress import IPv4Network, IPv6Network
 from typing import Annotated, Literal
 
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, IPvAnyNetwork, field_validator
+from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, IPvAnyNetwork, field_validator, model_validator
 
 Tier = Literal["premium", "standard", "batch"]
 TIERS: tuple[Tier, ...] = ("premium", "standard", "batch")
+_MIB = 1 << 20
 _KEY_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
 
@@ -207,6 +208,10 @@ class CachePolicy(Strict):
     verifier: bool = Field(True, description="reject near-misses (numbers, units, negation, entities, ...)")
     ttl_s: float = Field(86_400, gt=0)
     max_entries_per_tenant: int = Field(10_000, ge=1)
+    max_bytes: int = Field(256 * _MIB, ge=_MIB, description="bytes of answers and vectors this process holds "
+                           "for the cache, all tenants together; the least recently used go first")
+    max_tenant_bytes: int = Field(32 * _MIB, ge=_MIB // 4, description="bytes one tenant's entries may hold (its "
+                                  "least recently used go first); an answer over 1/16 of it is not stored")
     max_temperature: float = Field(0.7, ge=0, le=2, description="requests sampled hotter are not cached")
     multi_turn: bool = Field(False, description="cache conversations with more than one user turn")
     tools: bool = Field(False, description="cache requests that carry tools or functions")
@@ -218,6 +223,17 @@ class CachePolicy(Strict):
     batch_max: int = Field(32, ge=1, le=256)
     batch_wait_ms: float = Field(0.0, ge=0, le=50, description="extra wait to grow an embedding batch; 0 takes "
                                  "what is queued (batches still form while the model is busy)")
+
+    @model_validator(mode="after")
+    def _shares(self) -> CachePolicy:
+        if self.max_tenant_bytes > self.max_bytes:
+            raise ValueError("max_tenant_bytes must not exceed max_bytes")
+        return self
+
+    @property
+    def max_entry_bytes(self) -> int:
+        """The largest answer stored: a bigger one would push out many of its tenant's entries at once."""
+        return self.max_tenant_bytes // 16
 
 
 class TierScheduling(Strict):
