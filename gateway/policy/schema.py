@@ -112,10 +112,6 @@ class Pool(Strict):
     keepalive_s: float = Field(75.0, gt=0)
     connect_timeout_s: float = Field(2.0, gt=0)
     read_timeout_s: float = Field(120.0, gt=0, description="longest silence allowed between upstream bytes")
-    scrape_interval_s: float = Field(0.5, ge=0.1, le=10)
-    cooldown_s: float = Field(5.0, ge=0, description="how long a failed worker is left out before re-admission")
-    unhealthy_after: int = Field(3, ge=1, description="consecutive failed health checks before a worker is left "
-                                 "out (a failed request leaves it out at once)")
     answer_deadline_s: float = Field(900.0, gt=0, description="longest a whole answer may take, from the request "
                                      "sent to its last byte (a worker trickling bytes is never silent for long)")
     max_answer_head_bytes: int = Field(65536, ge=1024, description="larger answer heads (1xx ones included) are "
