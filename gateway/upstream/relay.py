@@ -8,7 +8,6 @@ connection, so vLLM aborts the request and frees its KV blocks.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
@@ -29,6 +28,10 @@ from gateway.upstream.errors import COOLDOWN_STATUS, UpstreamFailed, worker_erro
 from gateway.upstream.http1 import Response
 
 log = logging.getLogger("tollgate.upstream")
+
+# A stream is copied for the cache up to this many times the largest entry the cache stores: its SSE framing and
+# per-chunk usage are many times the text it carries, and a copy past that is never stored anyway.
+CAPTURE_PER_ENTRY = 4
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                 (b"x-accel-buffering", b"no")]
@@ -168,6 +171,7 @@ async def relay_stream(ctx: RequestContext, worker: Worker, response: Response, 
     splitter = sse.EventSplitter()
     tap = _ResponsesTap(relayed) if ctx.endpoint == "responses" else _UsageTap(relayed, *usage)
     captured: list[bytes] | None = [] if capture else None
+    room = CAPTURE_PER_ENTRY * ctx.snapshot.policy.cache.max_entry_bytes  # for the cache's copy, in SSE bytes
     with worker_errors(worker, "head", cooldown_s):
         chunk = await response.readany()
     if ctx.endpoint == "responses":  # where the stream names its response (no copy for the other endpoints)
@@ -182,7 +186,10 @@ async def relay_stream(ctx: RequestContext, worker: Worker, response: Response, 
         with worker_errors(worker, "stream", cooldown_s):
             while chunk:
                 if captured is not None:
-                    captured.append(chunk)
+                    room -= len(chunk)
+                    captured = captured if room >= 0 else None  # past what the cache would store: no copy
+                    if captured is not None:
+                        captured.append(chunk)
                 out = splitter.feed(chunk)
                 if out:
                     now = time.perf_counter()
@@ -204,6 +211,50 @@ async def relay_stream(ctx: RequestContext, worker: Worker, response: Response, 
     await sink.send(splitter.pending, more=False)
     if captured is not None:
         relayed.captured = b"".join(captured)
+
+
+_USAGE_KEY = re.compile(rb'"usage"\s*:\s*')
+_TAIL = 4096  # where a large answer's usage is looked for: vLLM writes it last
+
+
+def usage_of(body: bytes) -> dict[str, Any] | None:
+    """The usage of a whole JSON answer; ValueError when the answer is not a JSON object.
+
+    A small answer is parsed whole. A large one (an embeddings answer is tens of MB) is not: parsing 2,048 vectors
+    into Python floats to read one small object took the RSS up 61-64 MB per answer and kept it there (glibc holds
+    the freed arenas). Its usage is read from its tail, where vLLM writes it, and the answer is only checked to
+    be an object; a key ``"usage"`` cannot stand inside a JSON string (its quotes would be escaped)."""
+    if len(body) <= LARGE_BODY:
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(str(exc)) from None
+        if not isinstance(parsed, dict):
+            raise ValueError("not a JSON object")
+        usage = parsed.get("usage")
+        return usage if isinstance(usage, dict) else None
+    stripped = body.strip()
+    if not (stripped.startswith(b"{") and stripped.endswith(b"}")):
+        raise ValueError("not a JSON object")
+    tail = stripped[-_TAIL:]
+    key = tail.rfind(b'"usage"')
+    found = _USAGE_KEY.match(tail, key) if key >= 0 else None
+    if found is None:
+        return None
+    start, depth = found.end(), 0
+    for end in range(start, len(tail)):  # the object's closing brace: usage holds numbers and small objects only
+        char = tail[end]
+        if char == 0x7B:  # {
+            depth += 1
+        elif char == 0x7D:  # }
+            depth -= 1
+            if depth == 0:
+                try:
+                    usage = orjson.loads(tail[start:end + 1])
+                except orjson.JSONDecodeError:
+                    return None
+                return usage if isinstance(usage, dict) else None
+    return None
 
 
 def _worker_complaint(body: bytes) -> str:
@@ -235,11 +286,10 @@ async def relay_body(ctx: RequestContext, worker: Worker, response: Response, si
         raise WorkerRejected(_worker_complaint(body), status)
     if status == 200:
         try:
-            parsed = await asyncio.to_thread(orjson.loads, body) if len(body) > LARGE_BODY else orjson.loads(body)
-        except orjson.JSONDecodeError:
+            relayed.usage = usage_of(body)
+        except ValueError:
             log.warning("worker %s sent a non-JSON 200 body", worker.url)
             raise UpstreamFailed("head", "non-JSON 200 body") from None
-        relayed.usage = parsed.get("usage") if isinstance(parsed, dict) else None
         relayed.captured = body
     await sink.start(status, [
         *ctx.response_headers(),
