@@ -32,8 +32,8 @@ def completion(mark: str, usage: bool = True) -> bytes:
     return orjson.dumps(body)
 
 
-def embeddings(body: bytes, dimensions: int = 1024) -> bytes:
-    """An embeddings answer as large as an engine's can honestly be: one 1,024-float vector per input."""
+def embeddings(body: bytes, dimensions: int = 384) -> bytes:
+    """An embeddings answer as large as a small engine's can honestly be: one 384-float vector per input."""
     given = orjson.loads(body).get("input")
     count = len(given) if isinstance(given, list) and given and isinstance(given[0], str) else 1
     vector = [random.random() for _ in range(dimensions)]

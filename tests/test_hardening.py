@@ -131,6 +131,24 @@ def test_2b_a_header_that_never_ends_is_refused_as_it_arrives(sim_and_gateway: t
     assert httpx.get(gw.url + "/healthz").status_code == 200
 
 
+def test_2d_a_refused_client_that_keeps_sending_is_cut_off_by_bytes(sim_and_gateway: tuple[Proc, Proc]) -> None:
+    """After a 431 the gateway reads and drops what the client still sends (so its answer is not lost to a
+    reset), but only so much: a client writing on at loopback speed pushed 3.5 GB through it in the 2 s linger."""
+    _, gw = sim_and_gateway
+    host, port = gw.url.removeprefix("http://").split(":")
+    junk, sent = b"x" * 65536, 0
+    with socket.create_connection((host, int(port)), timeout=10) as attacker:
+        attacker.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-junk: ")
+        try:
+            while sent < 1024 * 1024 * 1024:
+                attacker.sendall(junk)
+                sent += len(junk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+    assert sent < 64 * 1024 * 1024, f"{sent / 2**20:.0f} MiB read and dropped before the gateway hung up"
+    assert httpx.get(gw.url + "/healthz").status_code == 200
+
+
 def at_the_head_limit(extra: int = 0) -> bytes:
     """A chat request whose head is the whole head limit (strict_policy: 8192 for the request line, 8192 for the
     headers, counted together as they arrive) plus ``extra`` bytes, with its body in the same write."""

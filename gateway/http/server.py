@@ -40,6 +40,9 @@ _MESSAGES = {
 UPLOAD_PATH = b"/v1/files"
 UPLOAD_PROGRESS_BYTES = 64 * 1024
 LINGER_S = 2.0  # how long a refused connection's client may go on sending (read and dropped) before it is closed
+# ... and how much: over loopback a client writing a header that never ends pushed 3.5 GB through the gateway's
+# reads in those 2 s (a core busy for nothing); a client that will read its answer has stopped long before this.
+LINGER_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +84,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_room = self.limits.max_head_bytes  # what the head may still take, in raw bytes
         self._header_count = 0
         self._refused = False
+        self._lingered = 0  # bytes read and dropped since the refusal
         self._upload_progress = -1  # bytes of an upload's body since its deadline moved; -1: not an upload
 
     # -- deadlines ------------------------------------------------------------------------------------
@@ -143,6 +147,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
         A body is fed in pieces of the same size, so a request pipelined behind it in the same read goes
         uncounted for less than one limit (the parser cannot say where in a piece a request began)."""
+        if self._refused:
+            self._lingered += len(data)
+            if self._lingered > LINGER_BYTES:
+                self.transport.close()
+            return
         view = memoryview(data)
         while view and not self._refused and not self.transport.is_closing():
             piece = view[:self._head_room if self._in_head else self.limits.max_head_bytes]
