@@ -38,6 +38,7 @@ def _serve(policy: Path, host: str, port: int, data_dir: Path, banner: str | Non
 
     from gateway.http.app import create_app
     from gateway.http.server import Limits, protocol_for
+    from gateway.ops import heap
     from gateway.ops.logs import start_logging
     from gateway.policy.loader import PolicyError, PolicyStore
 
@@ -46,6 +47,7 @@ def _serve(policy: Path, host: str, port: int, data_dir: Path, banner: str | Non
     except PolicyError as exc:
         sys.exit(f"tollgate: {policy} is not a valid policy:\n{exc}")
     listener = start_logging()
+    heap.configure()
     server_policy = store.current.policy.server
     limits = Limits.from_policy(server_policy)
     data_dir.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,7 @@ UPLOAD_PROGRESS_BYTES = 64 * 1024
 LINGER_S = 2.0  # how long a refused connection's client may go on sending (read and dropped) before it is closed
 # ... and how much: over loopback a client writing a header that never ends pushed 3.5 GB through the gateway's
 # reads in those 2 s (a core busy for nothing); a client that will read its answer has stopped long before this.
-LINGER_BYTES = 1024 * 1024
+LINGER_BYTES = 8 * 1024 * 1024  # above what one large write of a client puts in the socket buffers
 
 
 @dataclass(frozen=True, slots=True)
