@@ -36,25 +36,15 @@ async def parse_json(raw: bytes) -> dict[str, Any]:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}", "invalid_json") from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.", "invalid_json")
-    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _depth(body) > MAX_DEPTH:
-        raise InvalidRequest(f"The request body nests deeper than {MAX_DEPTH} levels.", "invalid_json")
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:  # a C-speed count; only then a trial write, also in C
+        try:
+            await asyncio.to_thread(orjson.dumps, body) if len(raw) > LARGE_BODY else orjson.dumps(body)
+        except orjson.JSONEncodeError:
+            raise InvalidRequest(f"The request body nests deeper than {MAX_DEPTH} levels.", "invalid_json") from None
     return body
 
 
 MAX_DEPTH = 255  # orjson reads 1,024 levels but writes 255: a deeper body could not be forwarded
-
-
-def _depth(value: Any) -> int:
-    """How deep a parsed body nests (walked only when its brackets could reach MAX_DEPTH: a C-speed count)."""
-    deepest, level = 0, [(value, 1)]
-    while level:
-        item, depth = level.pop()
-        if isinstance(item, dict | list):
-            deepest = max(deepest, depth)
-            if deepest > MAX_DEPTH:
-                return deepest
-            level.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return deepest
 
 
 def _bad(param: str, message: str) -> InvalidRequest:
@@ -159,6 +149,12 @@ def validate_responses(body: dict[str, Any]) -> str:
     if not ((isinstance(value, str) and value) or (isinstance(value, list) and value and all(
             isinstance(item, dict) for item in value))):
         raise _bad("input", "'input' must be a non-empty string or array of input items.")
+    for i, item in enumerate(value if isinstance(value, list) else ()):
+        content = item.get("content")
+        if isinstance(content, list):
+            _parts(content, f"input[{i}].content")
+        elif content is not None and not isinstance(content, str):
+            raise _bad(f"input[{i}].content", f"input[{i}].content must be a string or an array of parts.")
     for name in ("instructions", "previous_response_id"):
         if body.get(name) is not None and not isinstance(body[name], str):
             raise _bad(name, f"'{name}' must be a string.")

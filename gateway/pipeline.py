@@ -109,7 +109,7 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
         ended = exc
         raise
     finally:  # also when the client left or the worker failed: what was delivered is counted
-        count_tokens(ctx, relayed, call.prompt_estimate, sink.status)
+        count_tokens(ctx, relayed, call.prompt_estimate, sink.status, call.max_output * call.sequences)
         gw.scheduler.release(ctx, pool.admission, ended)
         if ctx.endpoint == "responses" and ctx.worker is not None:  # where a follow-up must go
             start = relayed.head if ctx.stream else (relayed.captured or b"")[:512]
@@ -258,26 +258,33 @@ def _count(value: object) -> int | None:
     return None
 
 
-def count_tokens(ctx: RequestContext, relayed: Relayed, prompt_estimate: int, delivered: int | None) -> None:
+def count_tokens(ctx: RequestContext, relayed: Relayed, prompt_estimate: int, delivered: int | None,
+                 most_out: int) -> None:
     """The tokens a request used, from the worker's usage: its final one, or for a cut stream the latest per-chunk
     usage. Without readable usage from a worker that took the request (a non-streamed answer the client left
     before, a worker that died, one without continuous usage, a 2xx without usage, a compressed answer), the
     prompt is estimated from the body's size and the completion from the token events relayed, or, for a whole
     body, from its size (4 bytes a token: its JSON counts too, so this errs high), and the record says it is an
-    estimate: work a worker did is never billed as nothing. ``delivered``: the status the client got so far."""
+    estimate: work a worker did is never billed as nothing. ``delivered``: the status the client got so far.
+
+    ``most_out`` is what the request let the engine generate (max_tokens for every sequence; 0 for embeddings):
+    a completion counted or estimated past it is not one the engine made, so it is billed at that bound and the
+    record says so (the reservation held exactly that much). The prompt has no such bound: an image in a message
+    is a URL in the body and hundreds of tokens in the engine."""
     usage = relayed.usage or {}
     # an embeddings answer has no completion_tokens; the Responses API says input_ and output_tokens
     prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
     completion = _count(usage.get("completion_tokens", usage.get("output_tokens")) or 0)
     if prompt is not None and completion is not None:
-        ctx.prompt_tokens, ctx.completion_tokens = prompt, completion
+        ctx.prompt_tokens, ctx.completion_tokens = prompt, min(completion, most_out)
+        ctx.usage_estimated = completion > most_out
         details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
         ctx.cached_tokens = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
     elif ctx.timings.upstream_connect is not None and (
             relayed.events or not relayed.answered or relayed.captured is not None or
             (delivered is not None and 200 <= delivered < 300)):
         body = 0 if ctx.stream else len(relayed.captured or b"") // 4
-        ctx.prompt_tokens, ctx.completion_tokens = prompt_estimate, max(relayed.events, body)
+        ctx.prompt_tokens, ctx.completion_tokens = prompt_estimate, min(max(relayed.events, body), most_out)
         ctx.usage_estimated = True
 
 

@@ -95,11 +95,32 @@ def test_a_2xx_without_readable_usage_is_estimated_from_its_bytes_never_billed_a
                 ctx, sink = await ask(gw, chat())
                 assert sink.status == 200 and orjson.loads(sink.body) == body, case
                 assert ctx.usage_estimated, case
-                assert (ctx.prompt_tokens, ctx.completion_tokens) == (len(orjson.dumps(chat())) // 4, len(raw) // 4)
+                most = chat()["max_tokens"]
+                assert (ctx.prompt_tokens, ctx.completion_tokens) == (len(orjson.dumps(chat())) // 4,
+                                                                      min(len(raw) // 4, most)), case
             (row,) = records(store).values()
             assert row["estimated"] and row["cost_usd"] > 0, (case, row)
             assert (row["prompt_tokens"], row["completion_tokens"]) == (ctx.prompt_tokens, ctx.completion_tokens)
     for case in bodies:
+        (tmp_path / case).mkdir()
+    asyncio.run(main())
+
+
+def test_a_completion_past_what_the_request_allowed_is_billed_at_that_bound(tmp_path: Path) -> None:
+    """A worker that claims more output tokens than max_tokens let it make (or whose answer's bytes would
+    estimate more) is billed the bound the reservation held, and the record says it is an estimate."""
+    claimed = orjson.dumps(completion_json(prompt=11, completion=10_000))
+    unreadable = orjson.dumps({**completion_json(), "usage": None, "pad": "x" * 4000})
+
+    async def main() -> None:
+        for case, raw in (("claimed", claimed), ("unreadable", unreadable)):
+            async with FakeWorker(raw_json(raw)) as w, metered(tmp_path / case, [w.url]) as (gw, store):
+                ctx, sink = await ask(gw, chat())
+                assert sink.status == 200
+                assert ctx.completion_tokens == chat()["max_tokens"] and ctx.usage_estimated, case
+            (row,) = records(store).values()
+            assert row["completion_tokens"] == chat()["max_tokens"] and row["estimated"], case
+    for case in ("claimed", "unreadable"):
         (tmp_path / case).mkdir()
     asyncio.run(main())
 
@@ -124,7 +145,7 @@ def test_a_compressed_answer_is_a_502_and_still_billed_as_an_estimate(tmp_path: 
                 metered(tmp_path / "stream", [streamer.url]) as (gw_stream, stream_store):
             ctx, sink = await ask(gw, chat(), "whole")
             assert sink.status == 502 and seen == ["identity"]
-            assert ctx.usage_estimated and ctx.completion_tokens == len(answer) // 4 > 0
+            assert ctx.usage_estimated and ctx.completion_tokens == min(len(answer) // 4, chat()["max_tokens"]) > 0
             ctx, sink = await ask(gw_stream, chat(stream=True), "stream")
             assert sink.status == 502 and ctx.usage_estimated and ctx.prompt_tokens
             assert inflight(gw) == inflight(gw_stream) == 0

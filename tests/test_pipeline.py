@@ -12,6 +12,7 @@ from gateway.context import RequestContext
 from gateway.errors import UpstreamFailed
 from gateway.sink import BufferSink
 from tests.fakes import (
+    MODEL,
     FakeWorker,
     call,
     chat,
@@ -271,6 +272,9 @@ def test_bodies_the_worker_cannot_be_sent_are_a_400_before_admission_and_hold_no
             states = [pool.admission for pool in gw.upstreams.pools.values()]
             assert all(not state.held for state in states), "no slot kept by a refused body"
             assert w.requests == [], "nothing reached the worker"
+            ctx, sink = await call(gw, {"model": MODEL, "input": [{"role": "user", "content": [
+                {"type": "input_text", "text": 5}]}]}, endpoint="responses")
+            assert (sink.status, ctx.error) == (400, "invalid_value") and b"input[0].content[0].text" in sink.body
             ctx, sink = await call(gw, chat(), tenant="prem")
             assert sink.status == 200 and inflight(gw) == 0
     asyncio.run(main())

@@ -95,7 +95,7 @@ def _rendered(body: dict[str, Any]) -> bytes:
                 continue
             content = message.get("content")
             if isinstance(content, list):
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+                content = "".join(t for p in content if isinstance(p, dict) and isinstance(t := p.get("text"), str))
             parts.append(f"{message.get('role')}\n{content if isinstance(content, str) else ''}\x00")
         return "".join(parts).encode()
     if "input" in body:  # the Responses API: instructions, then the input as text or items

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import select
 import time
 from collections.abc import Callable
@@ -236,8 +237,13 @@ class _Connection(asyncio.Protocol):
     def _head_fits(self, data: bytes) -> bool:
         """Whether the head stays within its cap with ``data``: up to the head's end when it is in there (what
         follows is body), else all of it."""
-        end = (self.tail + data).find(_HEAD_END)
-        return self.head_bytes + (len(data) if end < 0 else end - len(self.tail) + 4) <= self.pool.caps.head_bytes
+        end = data.find(_HEAD_END)
+        if end >= 0:
+            end += 4
+        elif self.tail:  # the head's end split between the last read and this one
+            split = (self.tail + data[:3]).find(_HEAD_END)
+            end = split - len(self.tail) + 4 if split >= 0 else -1
+        return self.head_bytes + (len(data) if end < 0 else end) <= self.pool.caps.head_bytes
 
     def eof_received(self) -> bool:
         return False
@@ -279,6 +285,10 @@ class _Connection(asyncio.Protocol):
                 self.broken = BadResponse("the worker switched protocols, which no request asked for")
             self.interim = True  # skipped: the final answer follows on this connection
             return
+        length = response.header(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.pool.caps.body_bytes:
+            self.broken = TooLarge(f"the answer's body is over {self.pool.caps.body_bytes} bytes")
+            return
         response.status = status
         response.keep_alive = self.parser.should_keep_alive()
         names = {name for name, _ in response.headers}
@@ -302,8 +312,8 @@ class _Connection(asyncio.Protocol):
         if self.interim:
             self.interim, self.in_head = False, True  # the final answer's head comes next
             return
-        if self.complete:
-            return
+        if self.complete or self.broken is not None:
+            return  # a broken answer does not end well: data_received fails it after the feed
         self.complete = True
         self._cancel_timer()
         if self.response is not None:
@@ -443,7 +453,8 @@ class OriginPool:
                         self._hand(None)
                 else:
                     waiter.cancel()
-                    self.waiters.remove(waiter)
+                    with contextlib.suppress(ValueError):  # _hand may have popped it, cancelled, just now
+                        self.waiters.remove(waiter)
                 if isinstance(exc, TimeoutError):
                     raise PoolBusy(f"no free connection within {connect_timeout:g}s ({self.limit} in use)") \
                         from None
@@ -460,16 +471,15 @@ class OriginPool:
         try:
             async with asyncio.timeout(connect_timeout):
                 await self.loop.create_connection(lambda: conn, self.host, self.port, ssl=self.ssl or None)
-        except TimeoutError:
-            self.open -= 1
-            raise ConnectFailed(f"no connection within {connect_timeout:g}s") from None
-        except OSError as exc:
-            self.open -= 1
-            raise ConnectFailed(exc.strerror or str(exc)) from None
-        except BaseException:
-            self.open -= 1
+        except BaseException as exc:
             if conn.transport is not None:
-                conn.transport.close()
+                conn.drop()  # made as the wait ended: counted out once, by lost()
+            else:
+                self.open -= 1
+            if isinstance(exc, TimeoutError):
+                raise ConnectFailed(f"no connection within {connect_timeout:g}s") from None
+            if isinstance(exc, OSError):
+                raise ConnectFailed(exc.strerror or str(exc)) from None
             raise
         if self.on_connect is not None:
             self.on_connect()
