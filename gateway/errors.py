@@ -1,6 +1,6 @@
 """What the gateway's core says when it will not or cannot answer: named outcomes, no HTTP.
 
-Each step raises one of these; the edge (``gateway.http.errors``) is the one place that turns them into a
+Each step raises one of these; ``gateway.outcomes`` is the one place that turns them into a
 status, headers and OpenAI's error JSON, and the batch runner reads the same outcomes to decide whether a
 line waits and tries again (``TryLater``) or ends. The core never picks a status code or writes a header:
 as in the Gateway API Inference Extension's flow controller (``ErrRejected``, ``ErrQueueAtCapacity``,

@@ -25,11 +25,11 @@ from gateway.policy.schema import TIERS, ModelRoute
 from gateway.runtime import Gateway
 from gateway.scheduling.controller import Controller
 from gateway.sink import Sink
+from gateway.transport.http1 import Response
 from gateway.upstream.affinity import Affinity, of_request
 from gateway.upstream.dispatch import dispatch
 from gateway.upstream.errors import UpstreamFailed, worker_errors
 from gateway.upstream.homes import Home
-from gateway.upstream.http1 import Response
 from gateway.upstream.pools import UpstreamPool
 from gateway.upstream.relay import Relayed, relay_body, relay_stream
 

@@ -2,17 +2,16 @@
 
 The HTTP edge's sink sends ASGI messages (gateway.http.asgi.AsgiSink); a batch runner or a test collects the
 answer in memory (BufferSink). Both record the status they started with, once, and both answer an outcome
-(``fail``) through ``gateway.http.errors``, the one place that renders one.
+(``fail``) by ``gateway.outcomes.fail``, the one rule for it.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from gateway import sse
+from gateway import outcomes
 from gateway.context import Headers
 from gateway.errors import GatewayError
-from gateway.http.errors import body_of, render
 
 
 class Sink(Protocol):
@@ -51,14 +50,13 @@ class BufferSink:
             self.chunks.append(body)
         self.complete = not more
 
+    @property
+    def open(self) -> bool:
+        return self.status is not None and not self.complete
+
     async def fail(self, error: GatewayError, headers: Headers) -> None:
         self.error = error
-        if self.status is None:
-            status, extra, body = render(error)
-            await self.start(status, [*headers, *extra])
-            await self.send(body)
-        elif not self.complete:  # a stream still open: end it in-band, as the HTTP edge does
-            await self.send(sse.event(body_of(error)) + sse.DONE_EVENT)
+        await outcomes.fail(self, error, headers)
 
     @property
     def body(self) -> bytes:

@@ -2,7 +2,7 @@
 (python -m loadtest.bench_transports).
 
 The gateway's upstream client must stay near nginx's cost, so its transport is chosen by this
-measurement: the gateway's own (gateway.upstream.http1, on httptools), pyreqwest (Rust: reqwest/hyper on its
+measurement: the gateway's own (gateway.transport.http1, on httptools), pyreqwest (Rust: reqwest/hyper on its
 own tokio thread), aiosonic, aiohttp, httpx on its default httpcore pool, and httpx on the aiohttp transport,
 each against a zero-delay simulated worker on the other core, at concurrency 1/16/64; ``--stream`` reads
 64-token SSE answers chunk by chunk instead. CPU is this process's own, every thread of it
@@ -28,7 +28,7 @@ import uvloop
 from httpx_aiohttp import AiohttpTransport
 from pyreqwest.client import ClientBuilder
 
-from gateway.upstream import http1
+from gateway.transport import http1
 from loadtest.procs import start_sim
 
 BODIES = {

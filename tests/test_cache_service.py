@@ -19,7 +19,7 @@ from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.loader import TenantView
 from gateway.policy.schema import CachePolicy, StatePolicy
 from gateway.state import SharedState
-from gateway.upstream.http1 import Client
+from gateway.transport.http1 import Client
 from tests.fakes import chunk, usage_event
 
 TENANT = TenantView("acme", "standard", None, 512, 4096, "clamp")

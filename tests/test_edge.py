@@ -12,7 +12,7 @@ import pytest
 
 from gateway import errors
 from gateway.http.app import create_app
-from gateway.http.errors import render
+from gateway.outcomes import render
 from gateway.policy.loader import PolicySnapshot, PolicyStore
 from gateway.policy.schema import Policy
 from tests.conftest import ADMIN_TOKEN, DEMO_KEY, FINANCE_TOKEN, policy_dict

@@ -11,7 +11,7 @@ import orjson
 from gateway.fleet.observe import scrape
 from gateway.fleet.worker import Worker
 from gateway.runtime import Gateway
-from gateway.upstream.http1 import Client
+from gateway.transport.http1 import Client
 from gateway.upstream.pools import SCRAPE_CAPS
 from loadtest.hostile_worker import HostileWorker
 from tests.fakes import MODEL, call, inflight, running_gateway

@@ -1,4 +1,4 @@
-"""The workers' HTTP/1.1 client (gateway.upstream.http1) against raw asyncio servers on loopback: each server
+"""The workers' HTTP/1.1 client (gateway.transport.http1) against raw asyncio servers on loopback: each server
 says exactly which bytes go back and when it closes, so reuse, limits, timeouts and ends are seen as they are."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from gateway.upstream.http1 import Client, ConnectFailed, Disconnected, ReadTimeout
+from gateway.transport.http1 import Client, ConnectFailed, Disconnected, ReadTimeout
 
 
 def in_loop(test: Callable[[], Awaitable[None]]) -> Callable[[], None]:

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from gateway.upstream.http1 import BadResponse, Caps, Client, DeadlineExceeded, TooLarge
+from gateway.transport.http1 import BadResponse, Caps, Client, DeadlineExceeded, TooLarge
 from tests.test_http1 import answer, in_loop, read_request, server
 
 

@@ -3,7 +3,7 @@
 "Above" is the request path read from the edge down: the entry points (cli) over the HTTP edge (gateway.http:
 the app, its routes and guards, asgi), over the batch runner (a caller of the pipeline), over the pipeline,
 over the runtime, over the steps' modules (auth, openai_api, cache, spend, scheduling, upstream, fleet,
-ledger ...), over the sink, over the one renderer of outcomes (gateway.http.errors), over the shared leaves
+ledger ...), over the sink, over the one renderer of outcomes (gateway.outcomes), over the shared leaves
 (context, errors, sse, metrics, policy).
 """
 
@@ -24,13 +24,13 @@ LAYERS: list[set[str]] = [
     {"gateway.http.reports_page"},
     {"gateway.http.admin", "gateway.http.reports", "gateway.http.batch_api"},
     {"gateway.http.guards"},
-    {"gateway.http.asgi", "gateway.http.responses"},
+    {"gateway.http.asgi", "gateway.http.responses", "gateway.http.errors"},
     {"gateway.batches.runner"},
     {"gateway.pipeline"},
     {"gateway.runtime"},
     set(),  # the steps: everything not named
     {"gateway.sink"},
-    {"gateway.http.errors"},
+    {"gateway.outcomes"},
     {"gateway.context", "gateway.errors", "gateway.sse", "gateway.ops.metrics"},
     {"gateway.policy.loader"},
     {"gateway.policy.schema"},
@@ -87,6 +87,68 @@ def test_the_import_graph_has_no_cycles() -> None:
     for m in sorted(known):
         if m not in state:
             visit(m, [m])
+
+
+def package_of(module: str) -> str:
+    """The room a module stands in: its package under gateway (gateway.http, gateway.upstream ...), or the
+    module itself for one directly under gateway (gateway.pipeline)."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(known: set[str]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {package_of(m): set() for m in known}
+    for m in known:
+        graph[package_of(m)].update(package_of(d) for d in imports_of(m, known) if package_of(d) != package_of(m))
+    return graph
+
+
+def package_loops(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected sets of packages (Tarjan): each one a knot of packages that import each other."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    loops: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            knot = []
+            while (w := stack.pop()) != v:
+                knot.append(w)
+            if knot:
+                loops.append(sorted([*knot, v]))
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return loops
+
+
+def test_no_two_packages_import_each_other() -> None:
+    """A loop between packages (the sink importing the web edge's renderer, the scraper importing the upstream
+    client while upstream imports the fleet) ties their rooms into one knot: none may stand. The positive control
+    adds one import that closes a loop, and the check must find it."""
+    graph = package_graph(set(modules()))
+    assert package_loops(graph) == []
+    looped = {k: set(v) for k, v in graph.items()}
+    looped["gateway.transport"].add("gateway.upstream")  # upstream imports transport: this closes a loop
+    assert any({"gateway.transport", "gateway.upstream"} <= set(loop) for loop in package_loops(looped))
+
+
+def test_below_the_edge_nothing_loads_the_web_framework() -> None:
+    """The core (the pipeline and everything it imports) knows no HTTP server: loading it loads no Starlette,
+    uvicorn or ASGI module, so a batch line, a test or another edge can run it as it is."""
+    probe = ("import sys, gateway.pipeline, gateway.batches.runner; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('starlette', 'uvicorn', 'asgiref')))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_every_module_imports_on_its_own() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.auth import hash_key
 from gateway.errors import RateLimited
-from gateway.http.errors import render
+from gateway.outcomes import render
 from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Policy, StatePolicy
 from gateway.ratelimit import RateLimiter

@@ -13,7 +13,7 @@ from gateway.fleet.worker import Worker
 from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Policy
 from gateway.sink import BufferSink
-from gateway.upstream.http1 import Client
+from gateway.transport.http1 import Client
 from gateway.upstream.relay import CAPTURE_PER_ENTRY, Relayed, relay_stream, usage_of
 from tests.conftest import policy_dict
 from tests.fakes import chunk, usage_event

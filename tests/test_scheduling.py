@@ -9,7 +9,7 @@ import pytest
 
 from gateway.context import RequestContext
 from gateway.errors import Shed
-from gateway.http.errors import render
+from gateway.outcomes import render
 from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Policy
 from gateway.scheduling.capacity import HOLD_READS, SEQUENCE_HOLD_READS, learn, worker_slots

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from gateway.fleet.worker import Worker
-from gateway.upstream.http1 import Client, UpstreamError
+from gateway.transport.http1 import Client, UpstreamError
 
 log = logging.getLogger("tollgate.workers")
 

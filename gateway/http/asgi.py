@@ -13,10 +13,9 @@ from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway import sse
+from gateway import outcomes
 from gateway.context import Headers
 from gateway.errors import ClientGone, GatewayError, InvalidRequest, TooLarge
-from gateway.http.errors import body_of, render
 
 __all__ = ["AsgiSink", "Message", "Receive", "Scope", "Send", "read_body", "request_headers", "until_disconnect"]
 
@@ -82,16 +81,12 @@ class AsgiSink:
         except OSError:
             pass
 
+    @property
+    def open(self) -> bool:
+        return self._open
+
     async def fail(self, error: GatewayError, headers: Headers) -> None:
-        """The error as the whole answer; or, in a stream that already started, as an SSE error event and
-        [DONE] (the status has gone out, so the client reads the failure in the stream)."""
-        if self.status is None:
-            status, extra, body = render(error)
-            await self.start(status, [*headers, *extra, (b"content-type", b"application/json"),
-                                      (b"content-length", str(len(body)).encode())])
-            await self.send(body)
-        elif self._open:
-            await self.send(sse.event(body_of(error)) + sse.DONE_EVENT)
+        await outcomes.fail(self, error, headers)
 
 
 async def until_disconnect(work: Coroutine[Any, Any, None], receive: Receive) -> bool:

@@ -16,10 +16,19 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
+from typing import Protocol
 
+from gateway.fleet.worker import Worker
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import Autoscaling, Policy
-from gateway.upstream.pools import UpstreamPool
+from gateway.policy.schema import Pool as PoolSpec
+
+
+class ScaledPool(Protocol):
+    """What the signal reads of a pool (gateway.upstream.pools.UpstreamPool is one): its spec and its workers."""
+
+    spec: PoolSpec
+    workers: list[Worker]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +103,7 @@ class Autoscaler:
         self._history: collections.deque[tuple[float, dict[str, dict[tuple[str, float], float]]]] = \
             collections.deque()
 
-    def step(self, now: float, policy: Policy, pools: dict[str, UpstreamPool], queued: dict[str, int]) -> None:
+    def step(self, now: float, policy: Policy, pools: dict[str, ScaledPool], queued: dict[str, int]) -> None:
         buckets = self._buckets(policy)
         self._history.append((now, buckets))
         while len(self._history) > 2 and self._history[1][0] <= now - self.window_s:

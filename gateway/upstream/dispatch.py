@@ -15,9 +15,9 @@ from gateway.context import RequestContext
 from gateway.errors import Unavailable
 from gateway.fleet.observe import cool_down
 from gateway.fleet.worker import Worker
+from gateway.transport.http1 import Client, Response
 from gateway.upstream.affinity import Affinity, choose
 from gateway.upstream.errors import COOLDOWN_STATUS, RETRYABLE_STATUS, UpstreamFailed, worker_errors
-from gateway.upstream.http1 import Client, Response
 from gateway.upstream.pools import UpstreamPool
 from gateway.upstream.routing import in_turn, pick
 

@@ -12,7 +12,7 @@ from types import TracebackType
 from gateway.errors import Unavailable, UpstreamFailed
 from gateway.fleet.observe import cool_down, describe
 from gateway.fleet.worker import Worker
-from gateway.upstream.http1 import ConnectFailed, PoolBusy, UpstreamError
+from gateway.transport.http1 import ConnectFailed, PoolBusy, UpstreamError
 
 TRANSPORT_ERRORS = (UpstreamError, TimeoutError)
 RETRYABLE_STATUS = frozenset({500, 502, 503, 504})  # retried on another worker before the first byte

@@ -1,4 +1,4 @@
-"""Keep-alive pools: one client per pool (gateway.upstream.http1), its workers, their scraper, and the in-flight
+"""Keep-alive pools: one client per pool (gateway.transport.http1), its workers, their scraper, and the in-flight
 lease.
 
 In-flight is counted in exactly one place, ``Lease``: taken when a request is sent to a worker and given
@@ -19,8 +19,8 @@ from gateway.fleet.worker import Worker
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import Pool
 from gateway.scheduling.queues import PoolState
+from gateway.transport.http1 import Caps, Client
 from gateway.upstream.affinity import PrefixIndex
-from gateway.upstream.http1 import Caps, Client
 
 
 class Lease:

@@ -24,8 +24,8 @@ from gateway.fleet.observe import cool_down
 from gateway.fleet.worker import Worker
 from gateway.openai_api import LARGE_BODY
 from gateway.sink import Sink
+from gateway.transport.http1 import Response
 from gateway.upstream.errors import COOLDOWN_STATUS, UpstreamFailed, worker_errors
-from gateway.upstream.http1 import Response
 
 log = logging.getLogger("tollgate.upstream")
 

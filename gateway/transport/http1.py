@@ -7,8 +7,10 @@ event-loop CPU per request. The workers speak one dialect (a JSON POST, an answe
 SSE), so the client only needs: a connection pool, timeouts for connecting, for silence and for the whole
 answer, caps on what an answer may hold, and errors that say which phase failed. The scraper
 (gateway.fleet.observe) reads /health and /metrics with it too. Measured again against the well-kept clients
-(``python -m loadtest.bench_transports``, loadtest/RESULTS.md): it costs half of pyreqwest's CPU per request
-and as much per stream, and a third to a half less than aiosonic's and aiohttp's, so it stays.
+(``python -m loadtest.bench_transports``, loadtest/RESULTS.md): per request it costs 0.6x pyreqwest's CPU and a
+quarter of aiosonic's and aiohttp's; per 64-token stream it is within 16% of pyreqwest's (dearer at c=1-16,
+cheaper at c=64) and 25-30% under aiosonic's and aiohttp's, so it stays, held to the rules below by
+tests/test_http1_rules.py.
 
 The framing is llhttp's (through httptools: Content-Length against Transfer-Encoding, chunk sizes, a length
 given twice); the state machine around it keeps RFC 9112's rules for a client, as h11's does, because a
@@ -197,14 +199,16 @@ class _Connection(asyncio.Protocol):
         self.complete = False  # the final answer has ended: anything more is out of turn
         self.broken: UpstreamError | None = None  # what a parser callback found wrong, acted on after the feed
         self.out_of_turn = False  # a message began after the final answer ended: never reused
-        self.fd = -1
+        self.poller: select.poll | None = None
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
-        self.fd = sock.fileno() if sock is not None else -1
+        if sock is not None:
+            self.poller = select.poll()  # one of its own, registered once: a reuse's check is one poll(2)
+            self.poller.register(sock.fileno(), select.POLLIN)
 
     def data_received(self, data: bytes) -> None:
         if self.response is None or self.complete:
@@ -414,19 +418,14 @@ class OriginPool:
         self.closing = False  # the pool was retired: connections still busy close when their answers end
         self.waiters: collections.deque[asyncio.Future[_Connection | None]] = collections.deque()
         self.loop = asyncio.get_running_loop()
-        self._poll = select.poll()
 
-    def quiet(self, conn: _Connection) -> bool:
+    @staticmethod
+    def quiet(conn: _Connection) -> bool:
         """Whether an idle connection has nothing waiting to be read. Bytes the worker sent since the loop last
         polled are not yet seen by data_received; one poll(2) with no wait, at reuse, finds them (or the
-        worker's close) before another request is written behind them."""
-        if conn.fd < 0:
-            return True
-        self._poll.register(conn.fd, select.POLLIN)
-        try:
-            return not self._poll.poll(0)
-        finally:
-            self._poll.unregister(conn.fd)
+        worker's close) before another request is written behind them. (Registering a shared poll object's fd
+        for each check cost 2.7% of the gateway's samples at c=64; a poll object per connection, half that.)"""
+        return conn.poller is None or not conn.poller.poll(0)
 
     async def acquire(self, connect_timeout: float) -> tuple[_Connection, bool]:
         """A connection, and whether it was used before (a reused one may have been closed by the worker
