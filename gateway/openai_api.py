@@ -347,8 +347,8 @@ def cache_salt(tenant: TenantView, body: dict[str, Any]) -> str | None:
     if asked is not None and (not isinstance(asked, str) or not asked):
         raise _bad("cache_salt", "'cache_salt' must be a non-empty string.")
     scope = tenant.name if tenant.prefix_cache == "salted" else None
-    if scope is None and asked is None:
-        return None
+    if asked is None:
+        return None if scope is None else GATEWAY_SECRET.derive_kept(b"cache_salt", orjson.dumps([scope, None])).hex()
     return GATEWAY_SECRET.derive(b"cache_salt", orjson.dumps([scope, asked])).hex()
 
 
