@@ -59,23 +59,26 @@ def raw(port: int, data: Callable[[socket.socket], None]) -> None:
 
 
 def client_endless_header(gw: Proc, seconds: float) -> str:
-    """Three connections, each sending a header value that never ends (no key needed)."""
-    sent = [0, 0, 0]
+    """Three attackers, each sending a header value that never ends (no key needed), again on a new connection
+    each time the gateway hangs up."""
+    sent, connections = [0, 0, 0], [0, 0, 0]
+    deadline = time.monotonic() + seconds
 
     def one(i: int) -> None:
         def send(s: socket.socket) -> None:
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-endless: ")
-            deadline = time.monotonic() + seconds
             while time.monotonic() < deadline:
                 s.sendall(b"v" * 65536)
                 sent[i] += 65536
-        raw(gw.port, send)
+        while time.monotonic() < deadline:
+            connections[i] += 1
+            raw(gw.port, send)
     threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return f"sent {sum(sent) / 1e6:.1f} MB before the gateway hung up"
+    return f"{sum(connections)} connections, {sum(sent) / 1e6:.0f} MB sent, each cut off by the gateway"
 
 
 def chat_case(mode: str, stream: bool = False) -> Callable[[Proc, float], str]:
@@ -153,7 +156,8 @@ def measure(gw: Proc, case: Callable[[Proc, float], str], seconds: float) -> dic
     after = rss_mb(gw.pid)
     return {"rss_before_mb": round(before, 1), "rss_peak_mb": round(peak[0], 1), "rss_after_mb": round(after, 1),
             "healthz_p50_ms": round(percentile(latencies, 50) or 0, 1),
-            "healthz_p99_ms": round(percentile(latencies, 99) or 0, 1), "healthz_max_ms": round(max(latencies), 1),
+            "healthz_p99_ms": round(percentile(latencies, 99) or 0, 1),
+            "healthz_max_ms": round(max(latencies, default=0), 1),
             "probes": len(latencies), "outcome": outcome}
 
 
