@@ -22,7 +22,6 @@ import heapq
 import hmac
 import ipaddress
 import logging
-import os
 import secrets
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 
 from gateway.policy.loader import PolicySnapshot
+from gateway.state.secret import Secret
 
 if TYPE_CHECKING:
     from gateway.state import SharedState
@@ -49,42 +49,15 @@ def role_hash(snapshot: PolicySnapshot, role: str) -> str | None:
 class Sessions:
     def __init__(self, data_dir: Path | None, state: SharedState | None) -> None:
         self._state = state
-        self._key = self._local_key(data_dir)
+        self._secret = Secret("session.key", "session-key")  # signs the cookies (gateway.state.secret)
+        self._secret.load(data_dir)
         self._revoked: dict[str, int] = {}  # nonce -> when its session expires
         self._ending: list[tuple[int, str]] = []  # the same, as a heap: what to let go first
         self.let_go = 0  # sign-outs dropped at REVOKED_MAX before their sessions expired
 
-    @staticmethod
-    def _local_key(data_dir: Path | None) -> bytes:
-        if data_dir is None:
-            return secrets.token_bytes(32)
-        path = data_dir / "session.key"
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            key = path.read_bytes()
-            if len(key) == 32:
-                return key
-            path.unlink(missing_ok=True)  # a torn write: make a new one (its sessions are lost, nothing else)
-            return Sessions._local_key(data_dir)
-        key = secrets.token_bytes(32)
-        with os.fdopen(fd, "wb") as f:
-            f.write(key)
-        return key
-
     async def start(self) -> None:
         """With shared state: every replica takes the one key in Redis (the first to start makes it)."""
-        redis = self._state.redis if self._state is not None else None
-        if redis is None:
-            return
-        try:
-            name = self._state.prefix + "session-key"  # type: ignore[union-attr]
-            await redis.set(name, self._key, nx=True)
-            shared = await redis.get(name)
-            if isinstance(shared, bytes) and len(shared) == 32:
-                self._key = shared
-        except Exception as exc:  # sessions then hold on this host only, until a restart finds Redis
-            log.error("session key not shared through Redis (%s): sign-ins hold on this host only", exc)
+        await self._secret.share(self._state)
 
     def issue(self, snapshot: PolicySnapshot, role: str, now: float | None = None) -> str:
         expected = role_hash(snapshot, role)
@@ -167,7 +140,7 @@ class Sessions:
             return False
 
     def _sign(self, payload: str) -> str:
-        return hmac.new(self._key, payload.encode(), hashlib.sha256).hexdigest()[:32]
+        return hmac.new(self._secret.key, payload.encode(), hashlib.sha256).hexdigest()[:32]
 
 
 def _token_id(token_hash: str) -> str:

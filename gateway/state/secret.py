@@ -1,5 +1,6 @@
-"""The gateway's own secret, for values tenants must not guess yet every gateway process must agree on: each
-tenant's prefix-cache salt (``gateway.openai_api.cache_salt``).
+"""The gateway's own secrets, for values clients must not guess yet every gateway process must agree on: each
+tenant's prefix-cache salt (``gateway.openai_api.cache_salt``, from ``GATEWAY_SECRET``), and the signature of the
+finance page's sign-in cookies (``gateway.http.sessions``, a key of its own).
 
 Never in the policy, which anyone who reads it could then use to name a tenant's salt to the engines. Kept in
 Redis when replicas share state (the first process to start makes it), else in the data directory (so the
@@ -25,27 +26,34 @@ FILE = "gateway.key"
 
 
 class Secret:
-    def __init__(self) -> None:
+    """A key every process of the gateway agrees on: ``file`` in the data directory, ``shared_name`` in Redis."""
+
+    def __init__(self, file: str = FILE, shared_name: str = "gateway-key") -> None:
+        self.file, self.shared_name = file, shared_name
         self._key = secrets.token_bytes(KEY_BYTES)
         self._kept: dict[tuple[bytes, bytes], bytes] = {}  # (purpose, message) -> value, for the few kept ones
+
+    @property
+    def key(self) -> bytes:
+        return self._key
 
     def load(self, data_dir: Path | None) -> None:
         """This host's key: the data directory's, made there by the first process that needs it."""
         if data_dir is not None:
-            self._key = _local_key(data_dir / FILE)
+            self._key = _local_key(data_dir / self.file)
             self._kept.clear()
 
-    async def share(self, state: SharedState) -> None:
-        """With shared state: every replica takes the one key in Redis."""
-        if state.redis is None:
+    async def share(self, state: SharedState | None) -> None:
+        """With shared state: every replica takes the one key in Redis (the first to start makes it)."""
+        if state is None or state.redis is None:
             return
-        name = state.prefix + "gateway-key"
+        name = state.prefix + self.shared_name
         try:
             await state.redis.set(name, self._key, nx=True)
             shared = await state.redis.get(name)
         except state.errors as exc:
-            log.error("gateway key not shared through Redis (%s): tenants' prefix-cache salts hold on this host "
-                      "only", exc)
+            log.error("%s not shared through Redis (%s): what it signs or derives holds on this host only",
+                      self.shared_name, exc)
             return
         if isinstance(shared, bytes) and len(shared) == KEY_BYTES:
             self._key = shared
