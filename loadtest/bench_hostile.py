@@ -23,8 +23,8 @@ import httpx
 import orjson
 from aiohttp import web
 
+from loadtest.fixtures import DEMO_KEY, FINANCE_TOKEN, policy_dict
 from loadtest.procs import free_port, start_gateway
-from tests.conftest import DEMO_KEY, FINANCE_TOKEN, policy_dict
 
 MODEL = "sim-llama-8b"
 TPM = 10_000

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from loadtest.fixtures import DEMO_KEY, policy_dict
 from loadtest.procs import start_gateway, start_sim
-from tests.conftest import DEMO_KEY, policy_dict
 
 BODY = {"model": "sim-llama-8b", "messages": [{"role": "user", "content": "count"}], "max_tokens": 32,
         "ignore_eos": True, "stream": True}

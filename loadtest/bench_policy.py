@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import yaml
 
+from loadtest.fixtures import ADMIN_TOKEN, policy_dict
 from loadtest.procs import start_gateway, start_sim
-from tests.conftest import ADMIN_TOKEN, policy_dict
 
 
 def large(policy: dict[str, Any], tenants: int) -> dict[str, Any]:

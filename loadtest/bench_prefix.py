@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
+from loadtest.fixtures import DEMO_KEY, metric_value, policy_dict
 from loadtest.procs import start_gateway, start_sim
-from tests.conftest import DEMO_KEY, metric_value, policy_dict
 from workers.sim.tokenizer import WORDS
 
 MODEL = "sim-llama-8b"

@@ -161,3 +161,15 @@ def test_every_module_imports_on_its_own() -> None:
         failures = [f"{m}: {err}" for m, err in pool.map(load, [m for m in modules() if not m.endswith("__main__")])
                     if err]
     assert failures == []
+
+
+def test_the_benchmarks_never_import_the_tests() -> None:
+    """loadtest/ is an installed package and tests/ is not: a benchmark that imports tests/ breaks outside a
+    checkout. What both need (the test policy, its keys, reading a metric) is loadtest.fixtures."""
+    wrong = []
+    for path in sorted((ROOT / "loadtest").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            wrong += [f"{path.relative_to(ROOT)}: {n}" for n in names if n == "tests" or n.startswith("tests.")]
+    assert wrong == []
