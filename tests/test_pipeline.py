@@ -184,7 +184,10 @@ def test_a_cancelled_request_gives_its_lease_back_and_drops_the_upstream() -> No
                         if inflight(gw):
                             break
                     assert inflight(gw) == 1
-                    await asyncio.sleep(0.1)
+                    for _ in range(100):  # until the worker's handler has the request: it is answering now
+                        if worker.requests:
+                            break
+                        await asyncio.sleep(0.02)
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)
                     assert inflight(gw) == 0, f"lease leaked (stream={stream})"
