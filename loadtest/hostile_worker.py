@@ -14,7 +14,7 @@ import contextlib
 import gzip
 import random
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import orjson
 
@@ -192,9 +192,3 @@ class HostileWorker:
         for _ in range((2 << 30) // len(piece)):
             writer.write(piece)
             await writer.drain()
-
-
-@contextlib.asynccontextmanager
-async def hostile_worker() -> AsyncIterator[HostileWorker]:
-    async with HostileWorker() as worker:
-        yield worker

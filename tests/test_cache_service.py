@@ -181,12 +181,17 @@ async def stored(store: MemoryStore, keys: list[CacheKey]) -> list[bool]:
     return [await store.get_exact(k.exact) is not None for k in keys]
 
 
+async def in_memory_cache() -> tuple[SemanticCache, MemoryStore]:
+    """A started cache on the in-process store, and that store."""
+    cache = started_cache(FakeEmbedder())
+    await cache.start()
+    assert isinstance(cache.store, MemoryStore)
+    return cache, cache.store
+
+
 def test_large_answers_from_one_tenant_stay_within_its_bytes() -> None:
     async def main() -> None:
-        cache = started_cache(FakeEmbedder())
-        await cache.start()
-        store = cache.store
-        assert isinstance(store, MemoryStore)
+        cache, store = await in_memory_cache()
         payload = embeddings_answer(5)
         assert 32 << 10 < len(payload) < SMALL.max_entry_bytes
         keys = [embedding_key("acme", n) for n in range(60)]  # ~2.3 MiB of answers for a 1 MiB share
@@ -208,10 +213,7 @@ def test_large_answers_from_one_tenant_stay_within_its_bytes() -> None:
 
 def test_a_tenant_over_its_share_evicts_its_own_and_the_total_the_oldest() -> None:
     async def main() -> None:
-        cache = started_cache(FakeEmbedder())
-        await cache.start()
-        store = cache.store
-        assert isinstance(store, MemoryStore)
+        cache, store = await in_memory_cache()
         payload = embeddings_answer(5)
         globex = [embedding_key("globex", n) for n in range(5)]
         acme = [embedding_key("acme", n) for n in range(60)]
@@ -233,10 +235,7 @@ def test_a_tenant_over_its_share_evicts_its_own_and_the_total_the_oldest() -> No
 
 def test_an_answer_over_the_entry_cap_is_not_stored() -> None:
     async def main() -> None:
-        cache = started_cache(FakeEmbedder())
-        await cache.start()
-        store = cache.store
-        assert isinstance(store, MemoryStore)
+        cache, store = await in_memory_cache()
         big = embeddings_answer(20)
         assert len(big) > SMALL.max_entry_bytes
         await cache._remember(embedding_key("acme", 1), "embeddings", big, False, None, SMALL)
