@@ -43,7 +43,8 @@ IN_PROCESS = frozenset({
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         quality = item.get_closest_marker("quality") is not None  # the real model over hundreds of pairs
-        if item.module is not None and item.module.__name__.rpartition(".")[2] in IN_PROCESS and not quality:
+        name = item.module.__name__ if item.module is not None else ""
+        if (name.startswith("tests.inprocess.") or name.rpartition(".")[2] in IN_PROCESS) and not quality:
             item.add_marker(pytest.mark.inprocess)
 
 
