@@ -1,0 +1,1 @@
+"""In-process tests of gateway.cache, one file per module."""

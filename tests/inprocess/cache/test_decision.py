@@ -1,0 +1,92 @@
+"""The cache step: whether a request is looked up and whether its answer is kept, as HTTP caches read
+Cache-Control, and what the lookup leaves on the request's context and in the metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gateway.cache.decision import decide
+from gateway.cache.keys import CacheKey
+from gateway.cache.service import Lookup
+from gateway.cache.store import Entry
+from gateway.context import RequestContext
+from gateway.ops.metrics import GatewayMetrics
+from gateway.policy.loader import PolicySnapshot
+from gateway.policy.schema import CachePolicy, Policy
+from tests.conftest import policy_dict
+
+QUESTION = {"model": "sim-llama-8b", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 16}
+
+
+class ScriptedCache:
+    """Stands in for SemanticCache's lookup (the decision's own rules are under test): answers ``found``."""
+
+    def __init__(self, found: Lookup) -> None:
+        self.found = found
+        self.asked: list[CacheKey] = []
+
+    async def lookup(self, key: CacheKey, spec: CachePolicy) -> Lookup:
+        self.asked.append(key)
+        return self.found
+
+
+def context(cache_enabled: bool = True) -> RequestContext:
+    policy = policy_dict(["http://127.0.0.1:9"])
+    policy["cache"] = {"enabled": cache_enabled}
+    snapshot = PolicySnapshot.build(Policy.model_validate(policy), "test")
+    ctx = RequestContext("test-request", snapshot, "chat")
+    ctx.tenant = snapshot.tenants["demo"]
+    return ctx
+
+
+def bypassed(metrics: GatewayMetrics, reason: str) -> float:
+    return metrics.registry.get_sample_value("tollgate_cache_bypass_total", {"reason": reason}) or 0.0
+
+
+def run(cache: Any, ctx: RequestContext, body: dict[str, Any], cache_control: bytes = b"",
+        metrics: GatewayMetrics | None = None) -> Any:
+    return asyncio.run(decide(cache, ctx, body, cache_control, metrics or GatewayMetrics()))
+
+
+def test_no_cache_or_a_cache_off_in_the_policy_decides_nothing() -> None:
+    assert run(None, context(), QUESTION) is None
+    assert run(ScriptedCache(Lookup("miss")), context(cache_enabled=False), QUESTION) is None
+
+
+def test_no_cache_skips_the_lookup_but_keeps_the_answer() -> None:
+    cache, metrics, ctx = ScriptedCache(Lookup("miss")), GatewayMetrics(), context()
+    decision = run(cache, ctx, QUESTION, b"No-Cache", metrics)
+    assert cache.asked == [] and ctx.cache == "bypass" and bypassed(metrics, "no-cache") == 1
+    assert decision.key is not None and decision.keep_answer, "the fresh answer may still be stored"
+
+
+def test_no_store_looks_up_but_never_keeps() -> None:
+    cache, ctx = ScriptedCache(Lookup("miss")), context()
+    decision = run(cache, ctx, QUESTION, b"no-store")
+    assert len(cache.asked) == 1 and ctx.cache == "miss"
+    assert not decision.store and not decision.keep_answer
+
+
+def test_a_request_the_cache_may_not_hold_is_counted_by_why() -> None:
+    cache, metrics, ctx = ScriptedCache(Lookup("miss")), GatewayMetrics(), context()
+    decision = run(cache, ctx, {**QUESTION, "n": 2}, b"", metrics)
+    assert cache.asked == [] and decision.key is None and not decision.keep_answer
+    assert ctx.cache == "bypass" and bypassed(metrics, "n_gt_1") == 1
+
+
+def test_a_hit_is_not_stored_again_and_leaves_its_similarity() -> None:
+    entry = Entry("demo", "sim-llama-8b", "chat", "scope", "exact", "q", "Paris.", "stop", 9, 3, 16, expires=1e12)
+    ctx = context()
+    decision = run(ScriptedCache(Lookup("hit-semantic", entry, 0.97)), ctx, QUESTION)
+    assert decision.hit and not decision.keep_answer
+    assert (ctx.cache, ctx.cache_similarity) == ("hit-semantic", 0.97)
+    assert ctx.timings.cache is not None and ctx.timings.cache >= 0
+
+
+def test_a_lookup_that_bypassed_says_why_in_the_metrics() -> None:
+    metrics, ctx = GatewayMetrics(), context()
+    decision = run(ScriptedCache(Lookup("bypass", reason="store_down")), ctx, QUESTION, b"", metrics)
+    assert ctx.cache == "bypass" and bypassed(metrics, "store_down") == 1
+    assert decision.keep_answer, "the store was down for the lookup; the answer is still offered to it"

@@ -1,0 +1,1 @@
+"""In-process tests of gateway.http, one file per module."""

@@ -1,0 +1,1 @@
+"""In-process tests of gateway.ops, one file per module."""

@@ -1,0 +1,1 @@
+"""In-process tests of gateway.spend, one file per module."""

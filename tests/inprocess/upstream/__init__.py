@@ -1,0 +1,1 @@
+"""In-process tests of gateway.upstream, one file per module."""
