@@ -1,0 +1,97 @@
+"""Settling a rate-limit charge: a request gives back the tokens it did not use, and one that never ran its
+request too, in the window it was charged to, in this process and in Redis alike."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from gateway.errors import RateLimited
+from gateway.policy.loader import PolicySnapshot, TenantView
+from gateway.policy.schema import Policy, StatePolicy
+from gateway.ratelimit import RateLimiter
+from gateway.state import SharedState
+from tests.conftest import REDIS_URL
+
+MINUTE = 6000.0  # the start of a window
+
+
+def tenant(name: str = "t", rpm: int | None = None, tpm: int | None = None) -> TenantView:
+    """A tenant with these limits (none: no rate_limit section at all)."""
+    limits = {"requests_per_minute": rpm, "tokens_per_minute": tpm} if rpm or tpm else None
+    policy = Policy.model_validate({"allow_empty": True, "tenants": {name: {"tier": "standard",
+                                                                              "rate_limit": limits}}})
+    return PolicySnapshot.build(policy, "test").tenants[name]
+
+
+async def fills(limiter: RateLimiter, t: TenantView, tokens: int, now: float) -> bool:
+    try:
+        await limiter.check(t, tokens, now=now)
+    except RateLimited:
+        return False
+    return True
+
+
+async def settle_rules(limiter: RateLimiter) -> None:
+    tokens = tenant("by-tokens", tpm=1000)
+    charge = await limiter.check(tokens, 900, now=MINUTE)
+    assert charge is not None and not await fills(limiter, tokens, 200, MINUTE + 1)
+    limiter.settle(charge, used_tokens=100, ran=True)  # 800 of the worst case were not used
+    await limiter.close()
+    assert await fills(limiter, tokens, 700, MINUTE + 2), "the unused tokens are back"
+    assert not await fills(limiter, tokens, 201, MINUTE + 3), "100 used + 700 + 201 is over 1000"
+
+    requests = tenant("by-requests", rpm=2)
+    shed = await limiter.check(requests, 1, now=MINUTE)
+    await limiter.check(requests, 1, now=MINUTE)
+    assert shed is not None and not await fills(limiter, requests, 1, MINUTE + 1)
+    limiter.settle(shed, used_tokens=0, ran=False)  # shed before it ran: it gives its request back
+    await limiter.close()
+    assert await fills(limiter, requests, 1, MINUTE + 2)
+    assert not await fills(limiter, requests, 1, MINUTE + 3), "given back once, not twice"
+
+
+def test_settling_gives_back_what_was_not_used_in_this_process() -> None:
+    asyncio.run(settle_rules(RateLimiter()))
+
+
+def test_settling_gives_back_what_was_not_used_in_redis() -> None:
+    async def main() -> None:
+        state = SharedState(StatePolicy(redis_url=REDIS_URL, namespace=f"test-{uuid.uuid4().hex[:8]}"))
+        try:
+            limiter = RateLimiter(state)
+            charge = await limiter.check(tenant(tpm=1000), 10, now=MINUTE)
+            assert charge is not None and charge.in_redis, "counted in Redis, so settled there"
+            limiter.settle(charge, 10, ran=True)
+            await settle_rules(limiter)
+        finally:
+            await state.close()
+    asyncio.run(main())
+
+
+def test_a_charge_from_a_window_gone_by_is_not_refunded_into_the_new_one() -> None:
+    async def main() -> None:
+        limiter, t = RateLimiter(), tenant(rpm=1)
+        old = await limiter.check(t, 1, now=MINUTE)
+        assert old is not None
+        await limiter.check(t, 1, now=MINUTE + 120)  # two minutes on: the old window is forgotten
+        limiter.settle(old, used_tokens=0, ran=False)
+        assert not await fills(limiter, t, 1, MINUTE + 121), "the new window's request still counts"
+    asyncio.run(main())
+
+
+def test_a_tenant_without_a_limit_is_neither_charged_nor_refused() -> None:
+    assert asyncio.run(RateLimiter().check(tenant(), 10**9, now=MINUTE)) is None
+
+
+@pytest.mark.parametrize(("now", "wait"), [(MINUTE, 60), (MINUTE + 59.5, 1)])
+def test_retry_after_is_the_time_until_the_next_window(now: float, wait: int) -> None:
+    async def main() -> None:
+        limiter, t = RateLimiter(), tenant(rpm=1)
+        await limiter.check(t, 1, now=now)
+        with pytest.raises(RateLimited) as caught:
+            await limiter.check(t, 1, now=now)
+        assert caught.value.retry_after_s == wait
+    asyncio.run(main())
