@@ -24,6 +24,7 @@ from gateway.fleet.worker import Worker
 from gateway.policy.schema import TIERS, ModelRoute
 from gateway.runtime import Gateway
 from gateway.scheduling.controller import Controller
+from gateway.scheduling.queues import PoolState
 from gateway.sink import Sink
 from gateway.transport.http1 import Response
 from gateway.upstream.affinity import Affinity, of_request
@@ -97,20 +98,21 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
         await serve_hit(ctx, decision.lookup, sink, call.wants_usage)
         return
     ctx.service_class = await gw.spend.admit(ctx, call)  # may clamp, downgrade or refuse; reserves the worst case
-    pool = await admit(gw, ctx, call)
+    pool, admission = await admit(gw, ctx, call)
     relayed, ended = Relayed(), None
     try:  # from here on the scheduler's slot is this request's: every exit gives it back
         payload = await openai_api.serialise(call, ctx.service_class)
         affinity = of_request(call.body, session) if len(pool.workers) > 1 and pool.spec.routing == "prefix" \
             else None
         await exchange(ctx, pool, payload, sink, relayed, (call.wants_usage, call.wants_continuous_usage),
-                       gw.scheduler, affinity, capture=decision is not None and decision.keep_answer, pinned=pinned)
+                       gw.scheduler, admission, affinity, capture=decision is not None and decision.keep_answer,
+                       pinned=pinned)
     except BaseException as exc:
         ended = exc
         raise
     finally:  # also when the client left or the worker failed: what was delivered is counted
         count_tokens(ctx, relayed, call.prompt_estimate, sink.status, call.max_output * call.sequences)
-        gw.scheduler.release(ctx, pool.admission, ended)
+        gw.scheduler.release(ctx, admission, ended)
         if ctx.endpoint == "responses" and ctx.worker is not None:  # where a follow-up must go
             start = relayed.head if ctx.stream else (relayed.captured or b"")[:512]
             gw.responses.remember(start, Home(ctx.tenant.name, pool.name, ctx.worker, conversation(ctx, call)))
@@ -143,11 +145,12 @@ async def retrieve(gw: Gateway, ctx: RequestContext, rid: str, sink: Sink) -> No
             await relay_body(ctx, worker, response, sink, Relayed(), pool.spec.cooldown_s)
 
 
-async def admit(gw: Gateway, ctx: RequestContext, call: openai_api.Call) -> UpstreamPool:
+async def admit(gw: Gateway, ctx: RequestContext, call: openai_api.Call) -> tuple[UpstreamPool, PoolState]:
     """Admit the request to its model's pool; when that pool has no healthy worker or sheds the request, to the
     first of the model's fallbacks that the tenant may use and whose context window fits the request (batch
     lines only where the route allows it). A fallback is priced and reserved as itself, and the answer names it
-    (``ctx.answered_by``: the X-Tollgate-Model header, the ledger, the log)."""
+    (``ctx.answered_by``: the X-Tollgate-Model header, the ledger, the log). Returns the pool with the
+    scheduler's handle on the request's slot in it, for ``release``."""
     route, tried = call.route, {ctx.model}
     while True:
         pool = gw.upstreams.pools.get(route.pool)
@@ -155,8 +158,7 @@ async def admit(gw: Gateway, ctx: RequestContext, call: openai_api.Call) -> Upst
             if pool is None:
                 raise Unavailable(f"No worker pool serves the model '{ctx.served_model}' right now.",
                                   "upstream_unavailable")
-            await gw.scheduler.admit(ctx, pool.admission, call.cost, call.size)
-            return pool
+            return pool, await gw.scheduler.admit(ctx, pool.name, call.cost, call.size)
         except (Unavailable, Shed):
             fallback = _fallback(ctx, call, tried)
             if fallback is None:
@@ -188,17 +190,17 @@ def _fallback(ctx: RequestContext, call: openai_api.Call, tried: set[str | None]
 
 
 async def exchange(ctx: RequestContext, pool: UpstreamPool, payload: bytes, sink: Sink, relayed: Relayed,
-                   usage: tuple[bool, bool], scheduler: Controller, affinity: Affinity | None = None,
-                   capture: bool = False, pinned: str | None = None) -> None:
+                   usage: tuple[bool, bool], scheduler: Controller, admission: PoolState,
+                   affinity: Affinity | None = None, capture: bool = False, pinned: str | None = None) -> None:
     """Dispatch to a worker (``pinned``: only that one) and relay its answer to the sink; ``relayed`` learns what
-    went by."""
-    room = scheduler.with_room(pool.admission, ctx.snapshot.policy.scheduling)
+    went by. ``admission``: what ``scheduler.admit`` returned for the request."""
+    room = scheduler.with_room(admission, ctx.snapshot.policy.scheduling)
     async with dispatch(ctx, pool, openai_api.PATHS[ctx.endpoint], payload, affinity, pinned, room) as \
             (worker, response):
         if 200 <= response.status < 300 and encoded(response):
             await _unreadable(ctx, worker, response, relayed, pool.spec.cooldown_s)
         if ctx.stream and response.status == 200:
-            first = functools.partial(scheduler.first_token, ctx, pool.admission, worker,
+            first = functools.partial(scheduler.first_token, ctx, admission, worker,
                                       ctx.snapshot.policy.scheduling)
             await relay_stream(ctx, worker, response, sink, relayed, usage, pool.spec.cooldown_s, capture, first)
         else:

@@ -47,10 +47,10 @@ class Gateway:
         self.alerts = Alerts(self.metrics, data_dir / "alerts.jsonl" if data_dir is not None else None)
         self.spend = Spend(self.metrics, self.alerts, ledger.store if ledger is not None else None, self.state)
         self.autoscaler = Autoscaler(self.metrics)
-        self.scheduler = Controller(self.metrics, share=share)
+        self.scheduler = Controller(self.metrics, share=share, scheduling=lambda: self.store.current.policy.scheduling)
         self.metrics.gateway_processes.set(share.of)
         self.ratelimit = RateLimiter(self.state, lambda: self.scheduler.share.of)
-        self.upstreams = Upstreams(self.metrics, on_metrics=self._on_metrics)
+        self.upstreams = Upstreams(self.metrics, self.scheduler)  # each scrape tells the scheduler itself
         self.cache: SemanticCache | None = None
         self.tracer = tracing.from_config(store.current.policy.tracing)  # read once, at start
         self.responses = ResponseHomes()  # which worker made which Responses API answer
@@ -120,12 +120,6 @@ class Gateway:
         for model, ok in self.servable().items():
             self.metrics.model_ready.labels(model).set(ok)
 
-    def _on_metrics(self, pool: str) -> None:
-        """Fresh worker metrics may have opened room: let the scheduler grant what fits (event-driven)."""
-        upstream = self.upstreams.pools.get(pool)
-        if upstream is not None:
-            self.scheduler.on_metrics(upstream.admission, self.store.current.policy.scheduling)
-
     async def _watch_loop_lag(self, interval: float = 0.1) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -137,8 +131,7 @@ class Gateway:
         """The scaling signal, every few seconds (cheap: a pass over the pools and the TTFT histogram)."""
         while True:
             await asyncio.sleep(interval)
-            queued = {name: sum(q.count for q in pool.admission.queues.values())
-                      for name, pool in self.upstreams.pools.items()}
+            queued = {name: pool.queues.queued for name, pool in self.upstreams.pools.items()}
             self.autoscaler.step(time.monotonic(), self.store.current.policy, self.upstreams.pools, queued)
 
     async def _beat(self) -> None:
@@ -148,10 +141,8 @@ class Gateway:
                                           for w in pool.workers})
         self.replicas.agree(w for pool in pools for w in pool.workers)
         if share != self.scheduler.share:
-            self.scheduler.share = share
+            self.scheduler.set_share(share)  # a larger part may have room for what waits
             self.metrics.gateway_processes.set(share.of)
-            for pool in self.upstreams.pools:  # a larger part may have room for what waits
-                self._on_metrics(pool)
 
     async def _keep_beating(self) -> None:
         """This process's heartbeat among the replicas, and its part of each worker's limit from it."""

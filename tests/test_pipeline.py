@@ -272,8 +272,8 @@ def test_bodies_the_worker_cannot_be_sent_are_a_400_before_admission_and_hold_no
                 assert b"messages[0].content[0].text" in sink.body
                 ctx, sink = await call(gw, deep)
                 assert (sink.status, ctx.error) == (400, "invalid_json"), sink.body
-            states = [pool.admission for pool in gw.upstreams.pools.values()]
-            assert all(not state.held for state in states), "no slot kept by a refused body"
+            queues = gw.scheduler.snapshot(gw.upstreams.pools).values()
+            assert all(not pool["granted_by_tenant"] for pool in queues), "no slot kept by a refused body"
             assert w.requests == [], "nothing reached the worker"
             ctx, sink = await call(gw, {"model": MODEL, "input": [{"role": "user", "content": [
                 {"type": "input_text", "text": 5}]}]}, endpoint="responses")

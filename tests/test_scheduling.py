@@ -14,7 +14,7 @@ from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Policy
 from gateway.scheduling.capacity import HOLD_READS, SEQUENCE_HOLD_READS, learn, worker_slots
 from gateway.scheduling.controller import Controller
-from gateway.scheduling.queues import ClassQueue, PoolState, Waiter
+from gateway.scheduling.queues import ClassQueue, Waiter
 from gateway.state.replicas import Share
 from tests.fakes import live_worker
 
@@ -45,7 +45,8 @@ class Harness:
         self.worker = live_worker("http://w1", scraped_at=self.clock.now, limit=2)
         self.worker.learned.limit_found = True  # the engine has shown what it runs: forecasts may refuse
         self.spec = self.snap.policy.pools["p"]
-        self.pool = PoolState("p", [self.worker], self.spec)
+        self.controller.track("p", [self.worker], self.spec)
+        self.pool = self.controller.states["p"]  # the pool's queues and counts, as the controller keeps them
         self.granted: list[str] = []
 
     def ctx(self, tenant: str, klass: str | None = None) -> RequestContext:
@@ -55,7 +56,7 @@ class Harness:
         return ctx
 
     async def admit(self, ctx: RequestContext, cost: int = 100, size: int = 100) -> RequestContext:
-        await self.controller.admit(ctx, self.pool, cost, size)
+        assert await self.controller.admit(ctx, "p", cost, size) is self.pool
         self.worker.inflight += 1  # what the dispatch lease does
         self.granted.append(ctx.request_id)
         return ctx
@@ -324,7 +325,8 @@ def test_premium_goes_past_a_full_limit_only_to_engines_that_run_it_first(engine
         h = Harness()
         h.worker.learned.limit = 4
         h.controller.share = Share(0, 2)  # one of two replicas: its part of the worker is 2
-        h.pool.spec = h.spec = h.spec.model_copy(update={"engine_priority": engine_priority})
+        h.spec = h.spec.model_copy(update={"engine_priority": engine_priority})
+        h.controller.track("p", [h.worker], h.spec)
         first = await h.admit(h.ctx("s1"))
         await h.admit(h.ctx("s2"))  # this process's part is full
         premium = [h.queue("p1") for _ in range(5)]
@@ -521,7 +523,9 @@ def test_only_workers_with_a_free_slot_are_offered_to_the_router() -> None:
     full.inflight = 2
     roomy.inflight = 1
     controller = Controller(clock=clock)
-    state = PoolState("p", [full, roomy], spec)
+    controller.track("p", [full, roomy], spec)
+    controller.track("one", [full], spec)
+    state = controller.states["p"]
     assert controller.with_room(state, scheduling) == {roomy}
     roomy.inflight = 2
     assert controller.with_room(state, scheduling) == set(), "none has room: the router may use any"
@@ -529,4 +533,4 @@ def test_only_workers_with_a_free_slot_are_offered_to_the_router() -> None:
     roomy.inflight = 1
     full.inflight = 0
     assert controller.with_room(state, scheduling) == {full}
-    assert controller.with_room(PoolState("p", [full], spec), scheduling) == set(), "one worker: nothing to choose"
+    assert controller.with_room(controller.states["one"], scheduling) == set(), "one worker: nothing to choose"

@@ -60,7 +60,7 @@ async def queues(request: Request) -> Response:
     require_admin(request)
     gw = gateway_of(request)
     upstreams = gw.upstreams.pools
-    pools = gw.scheduler.snapshot(p.admission for p in upstreams.values())
+    pools = gw.scheduler.snapshot(upstreams)
     for name, view in pools.items():
         view["healthy_workers"] = upstreams[name].healthy_workers()
         view["prefix_blocks"] = {w.url: upstreams[name].prefixes.footprint[w.url] for w in upstreams[name].workers}

@@ -5,7 +5,7 @@
   waits and a share (batch_headroom) stays free, so a premium request arriving next starts at once even when
   the slots below it finish in lockstep (equal answers started together end together).
 - Inside a class, fair between tenants by tokens (queues.ClassQueue), FIFO inside a tenant.
-- Dispatch is event-driven: a release or a metrics update grants what now fits; nothing polls.
+- Granting is event-driven: a release or a metrics update grants what now fits; nothing polls.
 - Deadlines: each class has a longest queue wait (80% of its TTFT SLO by default). A standard or batch request
   whose predicted wait (the work ahead of it at the measured drain rate) would pass it is answered at once with
   429 and a Retry-After; premium is not refused on a forecast; one still queued at its deadline gets the same.
@@ -14,6 +14,13 @@
   over its fair share. Queues are bounded in count and bytes; when full, the newest batch waiter is shed
   first, then standard; premium is refused only when nothing lower is queued.
 - A client that leaves while queued leaves the queue at once (its task is cancelled; nothing is sent upstream).
+
+Each pool's queues and counts (queues.PoolState) are the controller's own, kept by pool name. The pools tell it
+what changes (gateway.upstream.pools names the calls): ``track`` when a pool's workers are placed or replaced by a
+policy reload, ``untrack`` when a pool goes, ``metrics_changed`` after each scrape of a pool's workers (the one path
+from a scrape to a grant). Everyone else reads a queues.QueueView, or ``snapshot``. ``admit`` hands the request
+its pool's state once, and the request gives it back to ``release``, ``with_room`` and ``first_token``: one
+lookup by name per request.
 
 The clock is injectable, so the rules are unit-tested without sleeping.
 """
@@ -30,9 +37,9 @@ from gateway.context import RequestContext
 from gateway.errors import Shed, TenantBusy, Unavailable, UpstreamFailed
 from gateway.fleet.worker import Worker
 from gateway.ops.metrics import GatewayMetrics
-from gateway.policy.schema import DEFAULT_TTFT_P95_MS, TIERS, SchedulingPolicy
+from gateway.policy.schema import DEFAULT_TTFT_P95_MS, TIERS, Pool, SchedulingPolicy
 from gateway.scheduling.capacity import answered, capacity, failed, learn, still_learning, worker_slots
-from gateway.scheduling.queues import PoolState, Waiter, held_back
+from gateway.scheduling.queues import PoolState, QueueView, Waiter, held_back
 from gateway.state.replicas import ALONE, Share
 
 BATCH_WAIT_S = 600.0
@@ -49,18 +56,62 @@ class Controller:
     """Per-pool admission; the one place that counts what each pool has started."""
 
     def __init__(self, metrics: GatewayMetrics | None = None, clock: Callable[[], float] = time.monotonic,
-                 share: Share = ALONE) -> None:
+                 share: Share = ALONE, scheduling: Callable[[], SchedulingPolicy] = SchedulingPolicy) -> None:
+        """``scheduling``: the live scheduling policy, read when a scrape or a new share may grant (a request
+        brings its own snapshot's); the default policy when none is given (the rule tests)."""
         self.metrics = metrics
         self.clock = clock
-        self.share = share  # this process's part of each worker's limit; set by the runtime as processes come and go
+        self.share = share  # this process's part of each worker's limit (set_share, as processes come and go)
+        self.scheduling = scheduling
+        self.states: dict[str, PoolState] = {}  # each pool's queues and counts, by pool name (track / untrack)
         self.tenant_inflight: dict[str, int] = {}
 
-    # -- the pipeline's two calls -------------------------------------------------------------------------
+    # -- what the pools tell it ---------------------------------------------------------------------------
 
-    async def admit(self, ctx: RequestContext, state: PoolState, cost: int, size: int) -> None:
-        """Return when the request may go to a worker; raise Shed when it is turned away,
+    def track(self, pool: str, workers: list[Worker], spec: Pool) -> QueueView:
+        """The pool ``pool`` now has these workers: a new pool gets empty queues; one that a policy reload
+        replaced keeps its queued and admitted requests counted, now against the new workers."""
+        state = self.states.get(pool)
+        if state is None:
+            state = self.states[pool] = PoolState(pool, workers, spec)
+        else:
+            state.workers, state.spec = workers, spec
+        return QueueView(state)
+
+    def untrack(self, pool: str) -> None:
+        """The pool is gone from the policy: its requests still admitted or queued keep the state they were handed
+        (their releases grant within it); a pool of that name added later starts afresh."""
+        self.states.pop(pool, None)
+
+    def metrics_changed(self, pool: str) -> None:
+        """Fresh metrics of the pool's workers: learn each one's concurrency from them, then grant what now fits (a
+        worker's waiting queue may have emptied)."""
+        state = self.states.get(pool)
+        if state is not None:
+            self._relearn(state, self.scheduling())
+
+    def set_share(self, share: Share) -> None:
+        """This process's new part of each worker's limit: a larger part may have room for what waits, so each pool
+        is read again as after a scrape."""
+        self.share = share
+        scheduling = self.scheduling()
+        for state in self.states.values():
+            self._relearn(state, scheduling)
+
+    def _relearn(self, state: PoolState, scheduling: SchedulingPolicy) -> None:
+        wanted = any(q.count for q in state.queues.values())
+        for worker in state.workers:
+            learn(worker, state.spec.max_inflight_per_worker, wanted)
+        self.grant(state, scheduling)
+
+    # -- the pipeline's calls -----------------------------------------------------------------------------
+
+    async def admit(self, ctx: RequestContext, pool: str, cost: int, size: int) -> PoolState:
+        """Return when the request may go to a worker of ``pool``, with the pool's state: the handle the request
+        gives back to ``release``, ``with_room`` and ``first_token``. Raise Shed when it is turned away,
         TenantBusy when the tenant has its most in flight, Unavailable when no worker is healthy."""
         assert ctx.tenant is not None
+        state = self.states[pool]
         started = self.clock()
         policy = ctx.snapshot.policy
         self._tenant_take(ctx, policy.server.tenant_max_concurrency)
@@ -73,16 +124,17 @@ class Controller:
             self._tenant_give(ctx)
             raise
         ctx.timings.queue_wait = self.clock() - started
+        return state
 
     def release(self, ctx: RequestContext, state: PoolState, ended: BaseException | None = None) -> None:
-        """Once per admitted request, when its answer is done (``ended``: what cut it short, if anything):
-        learns from it, frees its slot and grants what fits now."""
+        """Once per admitted request, with the state ``admit`` returned, when its answer is done (``ended``: what
+        cut it short, if anything): learns from it, frees its slot and grants what fits now."""
         self._tenant_give(ctx)
         if ctx.worker is not None:
             self._learn_from(ctx, state, ended)
         state.give(ctx.tenant.name if ctx.tenant else "", ctx.service_class)
         state.completions.append(self.clock())
-        self.dispatch(state, ctx.snapshot.policy.scheduling)
+        self.grant(state, ctx.snapshot.policy.scheduling)
 
     @contextlib.contextmanager
     def tenant_held(self, ctx: RequestContext) -> Iterator[None]:
@@ -124,7 +176,7 @@ class Controller:
         waiter = Waiter(ctx, tenant, ctx.tenant.weight if ctx.tenant else 1.0, cost, size, now)
         state.queues[klass].push(waiter)
         state.queued_bytes += size
-        self.dispatch(state, scheduling)  # a free slot that the tenants ahead may not take can be this one's
+        self.grant(state, scheduling)  # a free slot that the tenants ahead may not take can be this one's
         # a little before the deadline, so that a grant racing the timer still starts within it
         deadline_at = asyncio.get_running_loop().time() + max(0.0, deadline_s - _DEADLINE_MARGIN_S)
         try:
@@ -146,7 +198,7 @@ class Controller:
         except asyncio.CancelledError:  # the client left (or the server stops)
             if waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
                 state.give(tenant, klass)  # granted but never started: give the slot to the next one
-                self.dispatch(state, scheduling)
+                self.grant(state, scheduling)
             else:
                 self._forget(state, waiter)
             raise
@@ -184,7 +236,7 @@ class Controller:
         waiter.ctx.past_limit = True
         return True
 
-    def dispatch(self, state: PoolState, scheduling: SchedulingPolicy) -> None:
+    def grant(self, state: PoolState, scheduling: SchedulingPolicy) -> None:
         """Grant queued requests while capacity allows, in priority order (skipping tenants at their cap)."""
         now = self.clock()
         while True:
@@ -227,15 +279,7 @@ class Controller:
         before = worker.learned.stream_limit
         answered(worker, state.spec.max_inflight_per_worker, held, ttft)
         if int(worker.learned.stream_limit) > int(before) and any(q.count for q in state.queues.values()):
-            self.dispatch(state, scheduling)
-
-    def on_metrics(self, state: PoolState, scheduling: SchedulingPolicy) -> None:
-        """Fresh metrics: learn each worker's concurrency from them, then grant what now fits (a worker's
-        waiting queue may have emptied)."""
-        wanted = any(q.count for q in state.queues.values())
-        for worker in state.workers:
-            learn(worker, state.spec.max_inflight_per_worker, wanted)
-        self.dispatch(state, scheduling)
+            self.grant(state, scheduling)
 
     def _fits_now(self, state: PoolState, scheduling: SchedulingPolicy, klass: str, now: float,
                   queued: bool = False, tenant: str | None = None) -> bool:
@@ -346,9 +390,10 @@ class Controller:
         retry = max(1, math.ceil(wait_s))
         return Shed(f"The {klass} queue is too busy: this request {why}. Retry after {retry} s.", klass, reason, retry)
 
-    def snapshot(self, states: Iterable[PoolState]) -> dict[str, dict[str, object]]:
-        """What GET /admin/queues shows."""
+    def snapshot(self, pools: Iterable[str]) -> dict[str, dict[str, object]]:
+        """What GET /admin/queues shows of these pools."""
         now = self.clock()
+        states = [state for name in pools if (state := self.states.get(name)) is not None]
         return {s.name: {"granted": s.granted, "granted_by_tenant": dict(s.held),
                        "drain_rate_per_s": round(s.drain_rate(now), 2), "queued_bytes": s.queued_bytes,
                        "learned_limits": {w.url: w.learned.limit for w in s.workers},

@@ -94,9 +94,9 @@ class ClassQueue:
 
 @dataclass
 class PoolState:
-    """One pool's queues and counts: created with its pool (gateway.upstream.pools) and handed to the pool
-    that replaces it on a policy reload, so queued and admitted requests stay counted; only the controller
-    changes it."""
+    """One pool's queues and counts: created and kept by the controller under the pool's name, and re-pointed
+    to a replacing pool's workers on a policy reload, so queued and admitted requests stay counted; only the
+    controller changes it (others read a QueueView)."""
 
     name: str
     workers: list[Worker]
@@ -178,6 +178,25 @@ class PoolState:
         if len(recent) < 2:
             return 0.0
         return len(recent) / max(now - recent[0], 1e-3)
+
+
+class QueueView:
+    """A pool's queues as the rest of the gateway reads them (the pools' gauges, the scaling signal): read-only,
+    so only the controller changes a pool's state."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self, state: PoolState) -> None:
+        self._state = state
+
+    def depths(self) -> dict[str, int]:
+        """Requests queued, by class."""
+        return {klass: queue.count for klass, queue in self._state.queues.items()}
+
+    @property
+    def queued(self) -> int:
+        """Requests queued, all classes."""
+        return sum(queue.count for queue in self._state.queues.values())
 
 
 def held_back(total: int, fraction: float) -> int:

@@ -11,16 +11,35 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from types import TracebackType
+from typing import Protocol
 
 from gateway.fleet.observe import MAX_METRICS_BYTES, scrape, scrape_forever
 from gateway.fleet.worker import Worker
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import Pool
-from gateway.scheduling.queues import PoolState
 from gateway.transport.http1 import Caps, Client
 from gateway.upstream.affinity import PrefixIndex
+
+
+class Queues(Protocol):
+    """A pool's queues as the scheduler shows them (gateway.scheduling.queues.QueueView): read, never written."""
+
+    def depths(self) -> dict[str, int]: ...
+
+    @property
+    def queued(self) -> int: ...
+
+
+class Scheduler(Protocol):
+    """What the pools tell the scheduler (gateway.scheduling.controller.Controller), named here so that upstream
+    need not import scheduling: where each pool's workers are, and when their metrics changed."""
+
+    def track(self, pool: str, workers: list[Worker], spec: Pool) -> Queues: ...
+
+    def untrack(self, pool: str) -> None: ...
+
+    def metrics_changed(self, pool: str) -> None: ...
 
 
 class Lease:
@@ -49,16 +68,17 @@ SCRAPE_CAPS = Caps(head_bytes=16384, body_bytes=2 * MAX_METRICS_BYTES, deadline_
 class UpstreamPool:
     """A pool's keep-alive client, its workers, and their scraper."""
 
-    def __init__(self, name: str, spec: Pool, metrics: GatewayMetrics,
-                 on_metrics: Callable[[str], None] | None = None) -> None:
+    def __init__(self, name: str, spec: Pool, metrics: GatewayMetrics, scheduler: Scheduler) -> None:
         self.name = name
         self.spec = spec
         self.metrics = metrics
         self.workers = [Worker(str(url).rstrip("/"), name) for url in spec.workers]
-        self.admission = PoolState(name, self.workers, spec)  # its queues and counts (gateway.scheduling)
+        # the scheduler counts against these workers from now on; a pool replacing one of the same name keeps the
+        # queued and admitted requests it counted (the scheduler keeps them by name)
+        self.queues = scheduler.track(name, self.workers, spec)
         self.prefixes = PrefixIndex()  # which worker recently got which prompt blocks (affinity)
         self._cache_epochs: dict[str, int] = {}  # worker URL -> its cache_epoch when the index last agreed
-        self._on_metrics = on_metrics
+        self._scheduler = scheduler
         # connect: the wait for a free connection + TCP connect; read: the longest silence between upstream bytes.
         # The count of connections opened, against requests, is the keep-alive reuse.
         self.client = Client(spec.max_connections, spec.keepalive_s, spec.connect_timeout_s, spec.read_timeout_s,
@@ -90,8 +110,7 @@ class UpstreamPool:
                 self.prefixes.forget(worker.url)
                 self._cache_epochs[worker.url] = worker.observed.cache_epoch
         self.publish()
-        if self._on_metrics is not None:
-            self._on_metrics(self.name)
+        self._scheduler.metrics_changed(self.name)
 
     def lease(self, worker: Worker) -> Lease:
         return Lease(worker)
@@ -99,8 +118,8 @@ class UpstreamPool:
     def publish(self) -> None:
         """The pool's gauges, set when read (by /metrics and after each scrape), not on every request."""
         now = time.monotonic()
-        for klass, queue in self.admission.queues.items():
-            self.metrics.queue_depth.labels(self.name, klass).set(queue.count)
+        for klass, depth in self.queues.depths().items():
+            self.metrics.queue_depth.labels(self.name, klass).set(depth)
         for w in self.workers:
             labels = (self.name, w.url)
             self.metrics.worker_up.labels(*labels).set(1 if w.available(now) else 0)
@@ -128,10 +147,10 @@ class UpstreamPool:
 class Upstreams:
     """Pools by name, kept in step with the policy. A replaced pool drains before it closes."""
 
-    def __init__(self, metrics: GatewayMetrics, on_metrics: Callable[[str], None] | None = None) -> None:
+    def __init__(self, metrics: GatewayMetrics, scheduler: Scheduler) -> None:
         self.metrics = metrics
         self.pools: dict[str, UpstreamPool] = {}
-        self._on_metrics = on_metrics
+        self._scheduler = scheduler
         self._retiring: set[asyncio.Task[None]] = set()
 
     async def reconcile(self, specs: dict[str, Pool]) -> None:
@@ -140,10 +159,8 @@ class Upstreams:
             current = self.pools.get(name)
             if current is not None and current.spec == spec:
                 continue
-            pool = UpstreamPool(name, spec, self.metrics, self._on_metrics)
-            if current is not None:  # queued and admitted requests stay counted, now against the new workers
-                pool.admission = current.admission
-                pool.admission.workers, pool.admission.spec = pool.workers, spec
+            pool = UpstreamPool(name, spec, self.metrics, self._scheduler)
+            if current is not None:
                 pool.prefixes = current.prefixes  # a worker kept keeps what it holds
                 for gone in {w.url for w in current.workers} - {w.url for w in pool.workers}:
                     pool.prefixes.forget(gone)
@@ -153,6 +170,7 @@ class Upstreams:
                 self._retire(current)
         for name in set(self.pools) - set(specs):
             self._retire(self.pools.pop(name))
+            self._scheduler.untrack(name)
         await asyncio.gather(*started)
 
     def _retire(self, pool: UpstreamPool) -> None:
