@@ -22,12 +22,12 @@ from gateway.context import RequestContext
 from gateway.errors import ClientGone, GatewayError, NotFound, Shed, Unavailable
 from gateway.fleet.worker import Worker
 from gateway.policy.schema import TIERS, ModelRoute
+from gateway.routing.affinity import Affinity
 from gateway.runtime import Gateway
 from gateway.scheduling.controller import Controller
 from gateway.scheduling.queues import PoolState
 from gateway.sink import Sink
 from gateway.transport.http1 import Response
-from gateway.upstream.affinity import Affinity, of_request
 from gateway.upstream.dispatch import dispatch
 from gateway.upstream.errors import UpstreamFailed, worker_errors
 from gateway.upstream.homes import Home
@@ -102,8 +102,7 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
     relayed, ended = Relayed(), None
     try:  # from here on the scheduler's slot is this request's: every exit gives it back
         payload = await openai_api.serialise(call, ctx.service_class)
-        affinity = of_request(call.body, session) if len(pool.workers) > 1 and pool.spec.routing == "prefix" \
-            else None
+        affinity = pool.router.affinity(call.body, session)
         await exchange(ctx, pool, payload, sink, relayed, (call.wants_usage, call.wants_continuous_usage),
                        gw.scheduler, admission, affinity, capture=decision is not None and decision.keep_answer,
                        pinned=pinned)

@@ -3,7 +3,10 @@ and a conversation go where they hash, the same in every process."""
 
 from __future__ import annotations
 
-from gateway.upstream.affinity import PrefixIndex, choose, load_bound, of_request
+from gateway.routing.affinity import of_request
+from gateway.routing.candidates import load_bound
+from gateway.routing.prefixes import PrefixIndex
+from gateway.routing.profiles import choose
 from tests.fakes import live_worker
 
 SYSTEM = "You are a careful assistant for the billing team. " * 20  # ~1 KB: 16 blocks

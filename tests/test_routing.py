@@ -1,4 +1,4 @@
-"""routing.pick: the least-loaded available worker, ties shared."""
+"""pickers.pick: the least-loaded available worker, ties shared."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 from collections import Counter
 
 from gateway.fleet.worker import Worker
-from gateway.upstream.routing import pick
+from gateway.routing.pickers import pick
 from tests.fakes import live_worker
 
 

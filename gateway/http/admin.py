@@ -63,7 +63,8 @@ async def queues(request: Request) -> Response:
     pools = gw.scheduler.snapshot(upstreams)
     for name, view in pools.items():
         view["healthy_workers"] = upstreams[name].healthy_workers()
-        view["prefix_blocks"] = {w.url: upstreams[name].prefixes.footprint[w.url] for w in upstreams[name].workers}
+        footprint = upstreams[name].router.index.footprint
+        view["prefix_blocks"] = {w.url: footprint[w.url] for w in upstreams[name].workers}
     policy = gw.store.current.policy
     models = {name: {"pool": policy.models[name].pool, "ready": ok} for name, ok in gw.servable().items()}
     return json_response({"mode": policy.scheduling.mode, "pools": pools, "models": models})

@@ -1,8 +1,9 @@
-"""Send a request to the least-loaded worker; retry once elsewhere before the first byte.
+"""Send a request to the worker its pool's router picks; retry once elsewhere before the first byte.
 
 A connect error or a 5xx status is retried on another worker, once: nothing has reached the client yet.
-After the response head, nothing is retried (the relay owns the answer from there). The worker's
-in-flight lease covers the whole exchange, relay included, and is given back on every exit.
+After the response head, nothing is retried (the relay owns the answer from there), and the router learns that
+the worker took the request (its after-dispatch hook: the prefix index remembers the prompt's blocks there).
+The worker's in-flight lease covers the whole exchange, relay included, and is given back on every exit.
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ from gateway.context import RequestContext
 from gateway.errors import Unavailable
 from gateway.fleet.observe import cool_down
 from gateway.fleet.worker import Worker
+from gateway.routing.affinity import Affinity
 from gateway.transport.http1 import Client, Response
-from gateway.upstream.affinity import Affinity, choose
 from gateway.upstream.errors import COOLDOWN_STATUS, RETRYABLE_STATUS, UpstreamFailed, worker_errors
 from gateway.upstream.pools import UpstreamPool
-from gateway.upstream.routing import in_turn, pick
 
 
 @contextlib.asynccontextmanager
@@ -28,14 +28,15 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: 
                    room: Collection[Worker] = (), method: bytes = b"POST",
                    client: Client | None = None) -> AsyncIterator[tuple[Worker, Response]]:
     """``async with dispatch(...) as (worker, response):`` the response head of a worker that took the request.
-    The first try goes where the request's ``affinity`` says its prompt's prefix is cached (if the pool has a
-    choice), a retry to the least loaded of the others.
+    The first try goes where the pool's router sends it (by the request's ``affinity``, when its profile reads
+    one: gateway.routing.profiles), a retry to the least loaded of the others.
 
     ``pinned``: the one worker that may take it (it holds the state the request continues, or the response it
-    reads: ``method`` GET, over ``client``: the pool's reads); no retry elsewhere.
+    reads: ``method`` GET, over ``client``: the pool's reads); no retry elsewhere, and the router learns nothing
+    (what such a request continues is held there already, and its body is not the prompt the engine caches).
     ``room``: the workers that can start it now (the scheduler's view): the first try goes to one of them when
     there are any, so that a stale load figure does not send it to an engine at its limit (a prefix cached on
-    one may still go there: see affinity.choose).
+    one may still go there: see gateway.routing.deciders).
 
     Raises Unavailable when no worker is available, UpstreamFailed when every try failed."""
     exclude: set[Worker] = set()
@@ -46,27 +47,18 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: 
     if ctx.trace is not None:
         headers += ctx.trace.headers()  # traceparent, and the caller's tracestate
     ctx.timings.dispatch_at = time.perf_counter() - ctx.timings.start
-    candidates = [w for w in pool.workers if w in room] if room else pool.workers
+    router = pool.router
     for attempt in range(2):
         if pinned is not None:
-            now = time.monotonic()
-            worker = next((w for w in pool.workers if w.url == pinned and w.available(now)), None) \
-                if attempt == 0 else None
+            worker = router.pinned(pinned) if attempt == 0 else None
             if worker is None and attempt == 0:
                 raise Unavailable("The worker holding this response is not available now; retry later (a "
                                   "follow-up can start a new conversation without previous_response_id).",
                                   "previous_response_unavailable")
-        elif attempt == 0 and pool.spec.routing == "round_robin":
-            worker, ctx.route = in_turn(pool.workers), "round_robin"  # blind, to compare routings against
-        elif attempt == 0 and affinity is not None and pool.spec.routing == "prefix" and len(pool.workers) > 1:
-            now = time.monotonic()
-            route = choose(pool.workers, [w for w in pool.workers if w.available(now)], affinity, pool.prefixes,
-                           room)
-            worker = route.worker if route is not None else None
-            ctx.route = route.describe() if route is not None else None
+        elif attempt == 0:
+            worker, ctx.route = router.first(affinity, room)
         else:
-            worker = pick(candidates if attempt == 0 else pool.workers, exclude)
-            ctx.route = "load" if len(pool.workers) > 1 else None
+            worker, ctx.route = router.retry(exclude)
         if worker is None:
             break
         if attempt:
@@ -87,11 +79,13 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: 
             finally:  # until the request was written (connecting, if it had to), or until the try ended
                 ctx.timings.upstream_connect = (sent[0] if sent else time.perf_counter()) - started
             status = response.status
-            if status in RETRYABLE_STATUS and attempt == 0 and pick(pool.workers, exclude) is not None:
+            if status in RETRYABLE_STATUS and attempt == 0 and router.can_retry(exclude):
                 response.close()
                 if status in COOLDOWN_STATUS:
                     cool_down(worker, f"HTTP {status}", pool.spec.cooldown_s)
                 continue
+            if pinned is None:
+                router.taken(affinity, worker)
             try:
                 yield worker, response
             finally:

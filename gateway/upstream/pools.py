@@ -18,8 +18,8 @@ from gateway.fleet.observe import MAX_METRICS_BYTES, scrape, scrape_forever
 from gateway.fleet.worker import Worker
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import Pool
+from gateway.routing.profiles import router_for
 from gateway.transport.http1 import Caps, Client
-from gateway.upstream.affinity import PrefixIndex
 
 
 class Queues(Protocol):
@@ -76,7 +76,7 @@ class UpstreamPool:
         # the scheduler counts against these workers from now on; a pool replacing one of the same name keeps the
         # queued and admitted requests it counted (the scheduler keeps them by name)
         self.queues = scheduler.track(name, self.workers, spec)
-        self.prefixes = PrefixIndex()  # which worker recently got which prompt blocks (affinity)
+        self.router = router_for(spec.routing, self.workers)  # its profile, and the prefix index it keeps
         self._cache_epochs: dict[str, int] = {}  # worker URL -> its cache_epoch when the index last agreed
         self._scheduler = scheduler
         # connect: the wait for a free connection + TCP connect; read: the longest silence between upstream bytes.
@@ -107,7 +107,7 @@ class UpstreamPool:
     def _after_scrape(self) -> None:
         for worker in self.workers:  # an engine that restarted holds none of the prefixes sent to it before
             if worker.observed.cache_epoch != self._cache_epochs.get(worker.url, 0):
-                self.prefixes.forget(worker.url)
+                self.router.index.forget(worker.url)
                 self._cache_epochs[worker.url] = worker.observed.cache_epoch
         self.publish()
         self._scheduler.metrics_changed(self.name)
@@ -161,9 +161,10 @@ class Upstreams:
                 continue
             pool = UpstreamPool(name, spec, self.metrics, self._scheduler)
             if current is not None:
-                pool.prefixes = current.prefixes  # a worker kept keeps what it holds
+                # a worker kept keeps what it holds
+                pool.router = router_for(spec.routing, pool.workers, current.router.index)
                 for gone in {w.url for w in current.workers} - {w.url for w in pool.workers}:
-                    pool.prefixes.forget(gone)
+                    pool.router.index.forget(gone)
             started.append(pool.start())
             self.pools[name] = pool
             if current is not None:

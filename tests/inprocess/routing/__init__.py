@@ -1,0 +1,1 @@
+"""In-process tests of gateway.routing, one file per module."""
