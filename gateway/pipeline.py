@@ -26,7 +26,6 @@ from gateway.routing.affinity import Affinity
 from gateway.runtime import Gateway
 from gateway.scheduling.controller import Controller
 from gateway.scheduling.queues import PoolState
-from gateway.scheduling.queues import PoolState
 from gateway.sink import Sink
 from gateway.transport.http1 import Response
 from gateway.upstream.dispatch import dispatch

@@ -42,26 +42,6 @@ class Scheduler(Protocol):
     def metrics_changed(self, pool: str) -> None: ...
 
 
-class Queues(Protocol):
-    """A pool's queues as the scheduler shows them (gateway.scheduling.queues.QueueView): read, never written."""
-
-    def depths(self) -> dict[str, int]: ...
-
-    @property
-    def queued(self) -> int: ...
-
-
-class Scheduler(Protocol):
-    """What the pools tell the scheduler (gateway.scheduling.controller.Controller), named here so that upstream
-    need not import scheduling: where each pool's workers are, and when their metrics changed."""
-
-    def track(self, pool: str, workers: list[Worker], spec: Pool) -> Queues: ...
-
-    def untrack(self, pool: str) -> None: ...
-
-    def metrics_changed(self, pool: str) -> None: ...
-
-
 class Lease:
     """``with pool.lease(worker):`` counts one request in flight on the worker for the block's lifetime."""
 
@@ -191,7 +171,6 @@ class Upstreams:
                 self._retire(current)
         for name in set(self.pools) - set(specs):
             self._retire(self.pools.pop(name))
-            self._scheduler.untrack(name)
             self._scheduler.untrack(name)
         await asyncio.gather(*started)
 
