@@ -57,7 +57,7 @@ def finish(ctx: RequestContext, metrics: GatewayMetrics, ledger: LedgerWriter | 
     logs.emit({
         "time": now, "request_id": ctx.request_id, "tenant": ctx.tenant.name if ctx.tenant else None,
         "tier": ctx.tenant.tier if ctx.tenant else None, "class": tier, "batch": ctx.batch,
-        "model": ctx.model, "served_model": ctx.served_model, "endpoint": ctx.endpoint, "stream": ctx.stream,
+        "model": ctx.model, "served_model": ctx.served_model, "endpoint": ctx.endpoint.name, "stream": ctx.stream,
         "worker": ctx.worker, "route": ctx.route, "past_limit": ctx.past_limit,
         "attempts": ctx.attempts, "status": ctx.status, "error": ctx.error,
         "prompt_tokens": ctx.prompt_tokens, "completion_tokens": ctx.completion_tokens,

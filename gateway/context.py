@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from gateway.endpoints.base import Endpoint
 from gateway.policy.loader import PolicySnapshot, TenantView
 
 Headers = list[tuple[bytes, bytes]]
@@ -76,7 +77,7 @@ class Timings:
 class RequestContext:
     request_id: str
     snapshot: PolicySnapshot
-    endpoint: str  # chat | completions
+    endpoint: Endpoint  # http.app (the route), or batches.runner (the batch's url): one of gateway.endpoints
     timings: Timings = field(default_factory=Timings)
     tenant: TenantView | None = None  # http.app (auth), or batches.runner for a line
     key_id: str | None = None  # http.app (auth): a short id of the key's hash, never the key

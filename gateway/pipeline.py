@@ -19,6 +19,7 @@ from gateway.cache import replay
 from gateway.cache.decision import CacheDecision, decide
 from gateway.cache.service import Lookup
 from gateway.context import RequestContext
+from gateway.endpoints.responses import Home
 from gateway.errors import ClientGone, GatewayError, NotFound, Shed, Unavailable
 from gateway.fleet.worker import Worker
 from gateway.policy.schema import TIERS, ModelRoute
@@ -30,7 +31,6 @@ from gateway.sink import Sink
 from gateway.transport.http1 import Response
 from gateway.upstream.dispatch import dispatch
 from gateway.upstream.errors import UpstreamFailed, worker_errors
-from gateway.upstream.homes import Home
 from gateway.upstream.pools import UpstreamPool
 from gateway.upstream.relay import Relayed, relay_body, relay_stream
 
@@ -87,7 +87,7 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
     assert ctx.tenant is not None
     ctx.service_class = lower_class(ctx.tenant.tier, service_class)
     call = await openai_api.prepare(ctx, raw)
-    previous = _home_of_previous(gw, ctx, call)
+    previous = gw.responses.of_previous(call.body, ctx.tenant.name) if ctx.endpoint.homed else None
     pinned = None
     if previous is not None:  # the worker holds the conversation, and puts it before this prompt
         pinned, call.carried = previous.worker, previous.tokens
@@ -112,7 +112,7 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
     finally:  # also when the client left or the worker failed: what was delivered is counted
         count_tokens(ctx, relayed, call.prompt_estimate, sink.status, call.max_output * call.sequences)
         gw.scheduler.release(ctx, admission, ended)
-        if ctx.endpoint == "responses" and ctx.worker is not None:  # where a follow-up must go
+        if ctx.endpoint.homed and ctx.worker is not None:  # where a follow-up must go
             start = relayed.head if ctx.stream else (relayed.captured or b"")[:512]
             gw.responses.remember(start, Home(ctx.tenant.name, pool.name, ctx.worker, conversation(ctx, call)))
     ctx.timings.tpot = relayed.tpot
@@ -194,8 +194,7 @@ async def exchange(ctx: RequestContext, pool: UpstreamPool, payload: bytes, sink
     """Dispatch to a worker (``pinned``: only that one) and relay its answer to the sink; ``relayed`` learns what
     went by. ``admission``: what ``scheduler.admit`` returned for the request."""
     room = scheduler.with_room(admission, ctx.snapshot.policy.scheduling)
-    async with dispatch(ctx, pool, openai_api.PATHS[ctx.endpoint], payload, affinity, pinned, room) as \
-            (worker, response):
+    async with dispatch(ctx, pool, ctx.endpoint.path, payload, affinity, pinned, room) as (worker, response):
         if 200 <= response.status < 300 and encoded(response):
             await _unreadable(ctx, worker, response, relayed, pool.spec.cooldown_s)
         if ctx.stream and response.status == 200:
@@ -223,22 +222,6 @@ async def _unreadable(ctx: RequestContext, worker: Worker, response: Response, r
         response.release()
         relayed.answered = True
     raise UpstreamFailed("head", f"content-encoding {response.header(b'content-encoding')!r}")
-
-
-def _home_of_previous(gw: Gateway, ctx: RequestContext, call: openai_api.Call) -> Home | None:
-    """Where a Responses API follow-up must go (the worker that made its previous response) and the conversation
-    it carries, or None when it continues nothing. A previous response this gateway did not make for this tenant
-    is a 404, never a guess."""
-    previous = call.body.get("previous_response_id") if ctx.endpoint == "responses" else None
-    if not previous:
-        return None
-    assert ctx.tenant is not None
-    home = gw.responses.find(previous, ctx.tenant.name)
-    if home is None:
-        raise NotFound(f"No response '{openai_api.echo(previous)}' is known for this tenant (responses live on the "
-                       "worker that made them, and only as long as it runs).", "response_not_found",
-                       param="previous_response_id")
-    return home
 
 
 def conversation(ctx: RequestContext, call: openai_api.Call) -> int:
@@ -295,10 +278,10 @@ async def serve_hit(ctx: RequestContext, found: Lookup, sink: Sink, wants_usage:
     assert entry is not None and ctx.model is not None
     ctx.prompt_tokens, ctx.completion_tokens = entry.prompt_tokens, entry.completion_tokens
     if ctx.stream:
-        body = replay.sse_body(entry, ctx.model, layer, wants_usage)
+        body = replay.sse_body(ctx.endpoint, entry, ctx.model, layer, wants_usage)
         content_type = b"text/event-stream; charset=utf-8"
     else:
-        body = replay.json_body(entry, ctx.model, layer)
+        body = replay.json_body(ctx.endpoint, entry, ctx.model, layer)
         content_type = b"application/json"
     ctx.timings.first_byte()
     await sink.start(200, [*ctx.response_headers(), (b"content-type", content_type),

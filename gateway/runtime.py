@@ -12,6 +12,7 @@ from typing import Any
 
 from gateway.cache.service import SemanticCache
 from gateway.cache.store import RedisStore
+from gateway.endpoints.responses import ResponseHomes
 from gateway.ledger.writer import LedgerWriter
 from gateway.ops import tracing
 from gateway.ops.metrics import GatewayMetrics
@@ -25,7 +26,6 @@ from gateway.spend.service import Spend
 from gateway.state import SharedState
 from gateway.state.replicas import ALONE, Replicas, Share
 from gateway.state.secret import GATEWAY_SECRET
-from gateway.upstream.homes import ResponseHomes
 from gateway.upstream.pools import Upstreams
 
 log = logging.getLogger("tollgate.state")

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from gateway.context import RequestContext
+from gateway.endpoints import CHAT
 from gateway.ops import tracing
 from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Policy, TracingPolicy
@@ -38,7 +39,7 @@ ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 def requests(n: int, snapshot: PolicySnapshot) -> list[RequestContext]:
     out = []
     for i in range(n):
-        ctx = RequestContext(f"req-{i}", snapshot, "chat")
+        ctx = RequestContext(f"req-{i}", snapshot, CHAT)
         ctx.tenant, ctx.model = snapshot.tenants["acme"], "m"
         ctx.status, ctx.worker, ctx.attempts, ctx.route = 200, "http://10.0.0.1:8000", 1, "load"
         ctx.prompt_tokens, ctx.completion_tokens, ctx.max_tokens_applied = 412, 64, "default; value=512"

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from gateway import pipeline
 from gateway.context import RequestContext
+from gateway.endpoints import CHAT, Endpoint
 from gateway.fleet.worker import Learned, Observed, Worker
 from gateway.policy.loader import PolicySnapshot, PolicyStore
 from gateway.policy.schema import Policy
@@ -147,7 +148,7 @@ async def running_gateway(workers: list[str], **pool: Any) -> AsyncIterator[Gate
 
 
 async def call(gw: Gateway, body: dict[str, Any] | bytes, tenant: str = "demo",
-               endpoint: str = "chat") -> tuple[RequestContext, BufferSink]:
+               endpoint: Endpoint = CHAT) -> tuple[RequestContext, BufferSink]:
     """One request (a body, or its raw bytes) through the pipeline's lifecycle, answered into a buffer."""
     ctx = RequestContext("test-request", gw.store.current, endpoint)
     ctx.tenant = gw.store.current.tenants[tenant]

@@ -13,6 +13,7 @@ from aiohttp import web
 from gateway.cache.keys import CacheKey, cache_key
 from gateway.cache.service import SemanticCache
 from gateway.cache.store import Entry, MemoryStore, RedisStore, StoreUnavailable
+from gateway.endpoints import CHAT, EMBEDDINGS
 from gateway.fleet.observe import scrape
 from gateway.fleet.worker import Worker
 from gateway.ops.metrics import GatewayMetrics
@@ -61,7 +62,7 @@ class DownStore(MemoryStore):
 
 def key(question: str) -> CacheKey:
     body = {"model": "m", "messages": [{"role": "user", "content": question}], "max_tokens": 16}
-    made = cache_key("chat", body, TENANT, True, SPEC, 16)
+    made = cache_key(CHAT, body, TENANT, True, SPEC, 16)
     assert isinstance(made, CacheKey)
     return made
 
@@ -100,7 +101,7 @@ def test_writes_during_a_store_outage_are_replayed_once_per_request() -> None:
         questions = [f"What is item number {i} for?" for i in range(5)]
         for _ in range(10):
             for q in questions:
-                await cache._remember(key(q), "chat", answer("ok"), False, None, SPEC)
+                await cache._remember(key(q), CHAT, answer("ok"), False, None, SPEC)
         assert len(cache._pending) == 5, "one pending write per exact request, not one per request"
         store.up = True
         cache._down_until = 0.0
@@ -159,7 +160,7 @@ SMALL = CachePolicy(enabled=True, max_tenant_bytes=MIB, max_bytes=2 * MIB)  # an
 
 def embedding_key(tenant: str, n: int) -> CacheKey:
     view = TenantView(tenant, "standard", None, 512, 4096, "clamp")
-    made = cache_key("embeddings", {"model": "e", "input": [f"text {n}"]}, view, True, SMALL, 0)
+    made = cache_key(EMBEDDINGS, {"model": "e", "input": [f"text {n}"]}, view, True, SMALL, 0)
     assert isinstance(made, CacheKey)
     return made
 
@@ -174,7 +175,7 @@ def embeddings_answer(inputs: int) -> bytes:
 
 async def remember_all(cache: SemanticCache, keys: list[CacheKey], payload: bytes) -> None:
     for k in keys:
-        await cache._remember(k, "embeddings", payload, False, None, SMALL)
+        await cache._remember(k, EMBEDDINGS, payload, False, None, SMALL)
 
 
 async def stored(store: MemoryStore, keys: list[CacheKey]) -> list[bool]:
@@ -196,7 +197,7 @@ def test_large_answers_from_one_tenant_stay_within_its_bytes() -> None:
         assert 32 << 10 < len(payload) < SMALL.max_entry_bytes
         keys = [embedding_key("acme", n) for n in range(60)]  # ~2.3 MiB of answers for a 1 MiB share
         for i, k in enumerate(keys):
-            await cache._remember(k, "embeddings", payload, False, None, SMALL)
+            await cache._remember(k, EMBEDDINGS, payload, False, None, SMALL)
             if i % 8 == 0:  # the first answer keeps being asked for
                 assert (await cache.lookup(keys[0], SMALL)).result == "hit-exact"
                 await asyncio.wait(cache._tasks)  # the LRU touch runs in the background
@@ -238,14 +239,14 @@ def test_an_answer_over_the_entry_cap_is_not_stored() -> None:
         cache, store = await in_memory_cache()
         big = embeddings_answer(20)
         assert len(big) > SMALL.max_entry_bytes
-        await cache._remember(embedding_key("acme", 1), "embeddings", big, False, None, SMALL)
+        await cache._remember(embedding_key("acme", 1), EMBEDDINGS, big, False, None, SMALL)
         # a streamed chat answer: its SSE is parsed, and the text it holds is over the cap
         events = chunk("word " * 14_000, "stop") + usage_event(5, 14_000) + b"data: [DONE]\n\n"
-        await cache._remember(key("Tell me everything"), "chat", events, True, None, SMALL)
+        await cache._remember(key("Tell me everything"), CHAT, events, True, None, SMALL)
         assert store.entries == {} and store.held == 0
         assert cache.metrics.cache_not_stored.labels("too_large")._value.get() == 2
         assert (await cache.lookup(embedding_key("acme", 1), SMALL)).result == "miss"
-        await cache._remember(embedding_key("acme", 2), "embeddings", embeddings_answer(5), False, None, SMALL)
+        await cache._remember(embedding_key("acme", 2), EMBEDDINGS, embeddings_answer(5), False, None, SMALL)
         assert len(store.entries) == 1, "the positive control: an answer under the cap is stored"
         await cache.close()
     asyncio.run(main())
@@ -275,14 +276,14 @@ def test_on_redis_the_entry_cap_holds_before_writing_and_each_replica_index_is_b
         embedder = FakeEmbedder()
         questions = [f"What is item number {i} for?" for i in range(300)]
         for q in questions:
-            await cache._remember(key(q), "chat", answer("ok"), False, await embedder.embed(q), spec)
+            await cache._remember(key(q), CHAT, answer("ok"), False, await embedder.embed(q), spec)
         assert cache.index is not None
         assert cache.index.held.tenant_bytes("acme") <= spec.max_tenant_bytes and len(cache.index) < 300
         assert cache.metrics.cache_bytes._value.get() == cache.index.held.total
         assert all([await store.get_exact(key(q).exact) is not None for q in questions]), \
             "an index evicting a vector leaves the entry in Redis (the exact layer)"
         assert (await cache.lookup(key(questions[0]), spec)).result == "hit-exact"
-        await cache._remember(key("Tell me everything"), "chat", answer("word " * 4000), False, None, spec)
+        await cache._remember(key("Tell me everything"), CHAT, answer("word " * 4000), False, None, spec)
         assert await store.get_exact(key("Tell me everything").exact) is None, "over the cap: never written"
         assert cache.metrics.cache_not_stored.labels("too_large")._value.get() == 1
         await cache.close()

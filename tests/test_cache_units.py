@@ -15,9 +15,10 @@ import redis
 from gateway.cache.evaluate import GPTCACHE, PAIRS, gptcache, pairs
 from gateway.cache.index import VectorIndex
 from gateway.cache.keys import CacheKey, cache_key, detect_language
-from gateway.cache.replay import answer_from_json, json_body
+from gateway.cache.replay import json_body
 from gateway.cache.store import Entry, MemoryStore, RedisStore
 from gateway.cache.verifier import verify
+from gateway.endpoints import CHAT, COMPLETIONS, EMBEDDINGS
 from gateway.policy.loader import TenantView
 from gateway.policy.schema import CachePolicy, StatePolicy
 from gateway.state import SharedState
@@ -85,32 +86,32 @@ def chat(question: str, system: str | None = None, **extra: Any) -> dict[str, An
 
 def test_scopes_separate_what_must_not_be_shared() -> None:
     spec = CachePolicy(enabled=True)
-    base = cache_key("chat", chat("hi there"), TENANT, True, spec, 100)
+    base = cache_key(CHAT, chat("hi there"), TENANT, True, spec, 100)
     assert not isinstance(base, str)
     other_tenant = TenantView("globex", "standard", None, 512, 4096, "clamp")
-    for variant in (cache_key("chat", chat("hi there"), other_tenant, True, spec, 100),
-                    cache_key("chat", chat("hi there", system="Be terse."), TENANT, True, spec, 100),
-                    cache_key("chat", {**chat("hi there"), "model": "m2"}, TENANT, True, spec, 100),
-                    cache_key("chat", chat("hi there", temperature=0), TENANT, True, spec, 100),
-                    cache_key("chat", chat("hi there", response_format={"type": "json_object"}), TENANT, True, spec,
+    for variant in (cache_key(CHAT, chat("hi there"), other_tenant, True, spec, 100),
+                    cache_key(CHAT, chat("hi there", system="Be terse."), TENANT, True, spec, 100),
+                    cache_key(CHAT, {**chat("hi there"), "model": "m2"}, TENANT, True, spec, 100),
+                    cache_key(CHAT, chat("hi there", temperature=0), TENANT, True, spec, 100),
+                    cache_key(CHAT, chat("hi there", response_format={"type": "json_object"}), TENANT, True, spec,
                               100),
-                    cache_key("completions", {"model": "m", "prompt": "hi there"}, TENANT, True, spec, 100)):
+                    cache_key(COMPLETIONS, {"model": "m", "prompt": "hi there"}, TENANT, True, spec, 100)):
         assert not isinstance(variant, str) and variant.scope != base.scope
-    same = cache_key("chat", chat("  hi   there "), TENANT, True, spec, 100)
+    same = cache_key(CHAT, chat("  hi   there "), TENANT, True, spec, 100)
     assert not isinstance(same, str) and (same.scope, same.exact) == (base.scope, base.exact)
-    assert cache_key("chat", chat("hi", temperature=1.2), TENANT, True, spec, 100) == "temperature"
-    assert cache_key("chat", chat("hi", n=2), TENANT, True, spec, 100) == "n_gt_1"
-    assert cache_key("chat", chat("hi"), TENANT, False, spec, 100) == "tenant_opt_out"
+    assert cache_key(CHAT, chat("hi", temperature=1.2), TENANT, True, spec, 100) == "temperature"
+    assert cache_key(CHAT, chat("hi", n=2), TENANT, True, spec, 100) == "n_gt_1"
+    assert cache_key(CHAT, chat("hi"), TENANT, False, spec, 100) == "tenant_opt_out"
     multi = {"model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
                                         {"role": "user", "content": "c"}]}
-    assert cache_key("chat", multi, TENANT, True, spec, 100) == "multi_turn"
-    allowed = cache_key("chat", multi, TENANT, True, CachePolicy(enabled=True, multi_turn=True), 100)
+    assert cache_key(CHAT, multi, TENANT, True, spec, 100) == "multi_turn"
+    allowed = cache_key(CHAT, multi, TENANT, True, CachePolicy(enabled=True, multi_turn=True), 100)
     other_history = {"model": "m", "messages": [
         {"role": "user", "content": "x"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]}
-    allowed2 = cache_key("chat", other_history, TENANT, True, CachePolicy(enabled=True, multi_turn=True), 100)
+    allowed2 = cache_key(CHAT, other_history, TENANT, True, CachePolicy(enabled=True, multi_turn=True), 100)
     assert not isinstance(allowed, str) and not isinstance(allowed2, str) and allowed.scope != allowed2.scope, \
         "a multi-turn answer is only reused after the same earlier turns"
-    korean = cache_key("chat", chat("서울 날씨 어때요?"), TENANT, True, spec, 100)
+    korean = cache_key(CHAT, chat("서울 날씨 어때요?"), TENANT, True, spec, 100)
     assert not isinstance(korean, str) and korean.language == "ko" and not korean.semantic
 
 
@@ -232,24 +233,24 @@ def test_quality_on_gptcache_pairs(embedder: Any) -> None:
 def test_embeddings_are_cached_exactly_per_tenant_model_and_parameters() -> None:
     spec = CachePolicy(enabled=True)
     body = {"model": "e", "input": ["a b", "c"]}
-    base = cache_key("embeddings", body, TENANT, True, spec, 0)
+    base = cache_key(EMBEDDINGS, body, TENANT, True, spec, 0)
     assert isinstance(base, CacheKey) and not base.semantic, "nothing to compare by meaning"
     other_tenant = TenantView("globex", "standard", None, 512, 4096, "clamp")
-    variants = [cache_key("embeddings", body, other_tenant, True, spec, 0),
-                cache_key("embeddings", {**body, "model": "e2"}, TENANT, True, spec, 0),
-                cache_key("embeddings", {**body, "input": ["a  b", "c"]}, TENANT, True, spec, 0),
-                cache_key("embeddings", {**body, "encoding_format": "base64"}, TENANT, True, spec, 0),
-                cache_key("embeddings", {**body, "dimensions": 64}, TENANT, True, spec, 0)]
+    variants = [cache_key(EMBEDDINGS, body, other_tenant, True, spec, 0),
+                cache_key(EMBEDDINGS, {**body, "model": "e2"}, TENANT, True, spec, 0),
+                cache_key(EMBEDDINGS, {**body, "input": ["a  b", "c"]}, TENANT, True, spec, 0),
+                cache_key(EMBEDDINGS, {**body, "encoding_format": "base64"}, TENANT, True, spec, 0),
+                cache_key(EMBEDDINGS, {**body, "dimensions": 64}, TENANT, True, spec, 0)]
     assert all(isinstance(v, CacheKey) and v.exact != base.exact for v in variants)
-    assert cache_key("embeddings", dict(body), TENANT, True, spec, 0) == base
-    assert cache_key("embeddings", body, TENANT, False, spec, 0) == "tenant_opt_out"
+    assert cache_key(EMBEDDINGS, dict(body), TENANT, True, spec, 0) == base
+    assert cache_key(EMBEDDINGS, body, TENANT, False, spec, 0) == "tenant_opt_out"
     answer = b'{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5]}],"usage":' \
              b'{"prompt_tokens":3,"total_tokens":3}}'
-    text, finish, usage = answer_from_json("embeddings", answer)  # type: ignore[misc]
+    text, finish, usage = EMBEDDINGS.answer_from_json(answer)  # type: ignore[misc]
     entry = Entry(tenant="acme", model="e", endpoint="embeddings", scope=base.scope, exact=base.exact, question="",
                   answer=text, finish_reason=finish, prompt_tokens=usage["prompt_tokens"], completion_tokens=0,
                   max_tokens=0, expires=0.0)
-    replayed = orjson.loads(json_body(entry, "e", "hit-exact"))
+    replayed = orjson.loads(json_body(EMBEDDINGS, entry, "e", "hit-exact"))
     assert replayed["data"] == orjson.loads(answer)["data"] and replayed["usage"]["prompt_tokens"] == 3
     assert replayed["object"] == "list" and replayed["model"] == "e"
 

@@ -11,6 +11,7 @@ import openai
 import pytest
 import yaml
 
+from gateway.endpoints import CHAT
 from gateway.policy.loader import PolicyError, PolicySnapshot, parse_policy
 from tests.conftest import DEMO_KEY, FINANCE_TOKEN, ledger_records, policy_dict, wait_for
 from workers.process import free_port
@@ -98,7 +99,7 @@ def test_a_batch_line_falls_back_only_where_its_route_allows() -> None:
     route = snapshot.policy.models[MODEL]
 
     def fallback(batch: str | None, max_output: int = 100, tenant: str = "demo") -> object:
-        ctx = RequestContext("r", snapshot, "chat")
+        ctx = RequestContext("r", snapshot, CHAT)
         ctx.tenant, ctx.model, ctx.batch = snapshot.tenants[tenant], MODEL, batch
         call = Call({}, route, False, False, False, 400, max_output, "max_tokens", 1)
         found = _fallback(ctx, call, {MODEL})

@@ -4,7 +4,7 @@
 the app, its routes and guards, asgi), over the batch runner (a caller of the pipeline), over the pipeline,
 over the runtime, over the steps' modules (auth, openai_api, cache, spend, scheduling, upstream, fleet,
 ledger ...), over the sink, over the one renderer of outcomes (gateway.outcomes), over the shared leaves
-(context, errors, sse, metrics, policy).
+(context, errors, sse, metrics, the endpoints: one object per API, policy).
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ LAYERS: list[set[str]] = [
     set(),  # the steps: everything not named
     {"gateway.sink"},
     {"gateway.outcomes"},
-    {"gateway.context", "gateway.errors", "gateway.sse", "gateway.ops.metrics"},
+    {"gateway.context", "gateway.errors", "gateway.sse", "gateway.ops.metrics",
+     *(f"gateway.endpoints{m}" for m in ("", ".base", ".checks", ".taps", ".generation", ".chat", ".completions",
+                                          ".embeddings", ".responses"))},
     {"gateway.policy.loader"},
     {"gateway.policy.schema"},
 ]

@@ -25,6 +25,7 @@ from aiohttp import web
 from gateway import pipeline
 from gateway.auth import hash_key
 from gateway.context import RequestContext
+from gateway.endpoints import CHAT, RESPONSES, RETRIEVE, Endpoint
 from gateway.ledger.stores import OPEN_END, OPEN_START, SqliteLedger
 from gateway.ledger.writer import LedgerWriter
 from gateway.policy.loader import PolicySnapshot, PolicyStore
@@ -59,7 +60,7 @@ def records(store: SqliteLedger) -> dict[str, dict[str, Any]]:
     return {r["request_id"]: r for r in store.records(OPEN_START, OPEN_END, None, None, 100)}
 
 
-async def ask(gw: Gateway, body: dict[str, Any], rid: str = "asked", endpoint: str = "chat",
+async def ask(gw: Gateway, body: dict[str, Any], rid: str = "asked", endpoint: Endpoint = CHAT,
               tenant: str = "demo") -> tuple[RequestContext, BufferSink]:
     """One request through the lifecycle, as tests.fakes.call, under a request id of its own (its record's)."""
     ctx = RequestContext(rid, gw.store.current, endpoint)
@@ -176,12 +177,12 @@ def test_a_follow_ups_worst_case_includes_the_conversation_the_worker_adds(tmp_p
         limits = {"rate_limit": {"tokens_per_minute": 10_000_000}, "budget": {"period": "day", "limit_usd": 10.0}}
         async with FakeWorker(next_turn) as w, metered(tmp_path, [w.url], demo=limits) as (gw, _):
             first = {"model": MODEL, "input": "a long document", "max_output_tokens": 600}
-            await ask(gw, first, "first", "responses")
+            await ask(gw, first, "first", RESPONSES)
             follow = {"model": MODEL, "input": "and then?", "previous_response_id": "resp_first",
                       "max_output_tokens": 400}
             home = gw.responses.find("resp_first", "demo")
             assert home is not None and home.tokens == 30_500
-            ctx, sink = await ask(gw, follow, "second", "responses")
+            ctx, sink = await ask(gw, follow, "second", RESPONSES)
             assert sink.status == 200 and ctx.worker == w.url
             size = len(orjson.dumps(follow))
             assert ctx.charge is not None and ctx.charge.tokens == size + 30_500 + 400  # type: ignore[attr-defined]
@@ -198,7 +199,7 @@ def test_a_follow_ups_worst_case_includes_the_conversation_the_worker_adds(tmp_p
 async def read_back(gw: Gateway, rid: str, tenant: str = "demo",
                     request_id: str = "read") -> tuple[RequestContext, BufferSink]:
     """GET /v1/responses/{rid} as the edge runs it: inside a lifecycle."""
-    ctx = RequestContext(request_id, gw.store.current, "responses.retrieve")
+    ctx = RequestContext(request_id, gw.store.current, RETRIEVE)
     ctx.tenant = gw.store.current.tenants[tenant]
     sink = BufferSink()
     async with pipeline.Lifecycle(gw, ctx, sink):
@@ -218,7 +219,7 @@ def test_a_stored_response_read_is_leased_counted_against_the_tenant_and_recorde
     async def main() -> None:
         async with FakeWorker(raw_json(orjson.dumps(stored)), slow_read) as w, \
                 metered(tmp_path, [w.url], tenant_max_concurrency=1) as (gw, store):
-            await ask(gw, {"model": MODEL, "input": "keep this", "max_output_tokens": 4}, "made", "responses")
+            await ask(gw, {"model": MODEL, "input": "keep this", "max_output_tokens": 4}, "made", RESPONSES)
             reading = asyncio.create_task(read_back(gw, "resp_kept"))
             await arrived.wait()
             assert inflight(gw) == 1, "the worker is leased while it answers"
@@ -250,7 +251,7 @@ def test_a_worker_failing_a_read_is_cooled_down_like_any_other(tmp_path: Path) -
     async def main() -> None:
         async with FakeWorker(raw_json(orjson.dumps(response_json("resp_kept", 12, 4))), failing) as w, \
                 metered(tmp_path, [w.url], {"cooldown_s": 600.0}) as (gw, store):
-            await ask(gw, {"model": MODEL, "input": "keep this", "max_output_tokens": 4}, "made", "responses")
+            await ask(gw, {"model": MODEL, "input": "keep this", "max_output_tokens": 4}, "made", RESPONSES)
             _, sink = await read_back(gw, "resp_kept")
             assert sink.status == 502 and inflight(gw) == 0
             _, again = await read_back(gw, "resp_kept", request_id="again")
@@ -280,7 +281,7 @@ def test_slow_reads_keep_to_their_own_connections_and_never_take_the_completions
     async def main() -> None:
         async with FakeWorker(raw_json(orjson.dumps(stored)), slow_read) as w, \
                 metered(tmp_path, [w.url], {"max_connections": 16, "connect_timeout_s": 0.3}) as (gw, _):
-            await ask(gw, {"model": MODEL, "input": "keep this", "max_output_tokens": 4}, "made", "responses")
+            await ask(gw, {"model": MODEL, "input": "keep this", "max_output_tokens": 4}, "made", RESPONSES)
             reads = [asyncio.create_task(read_back(gw, "resp_kept", request_id=f"r{i}")) for i in range(40)]
             await four.wait()
             await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)  # the first refusal: the rest wait

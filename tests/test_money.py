@@ -19,6 +19,7 @@ import pytest
 
 from gateway.auth import bearer, hash_key, identify, token_matches
 from gateway.context import RequestContext
+from gateway.endpoints import CHAT, COMPLETIONS, Endpoint
 from gateway.errors import InvalidRequest, NotAuthenticated, OverBudget
 from gateway.http.reports import parse_groups, parse_time, sum_rows, with_rates
 from gateway.ledger import prices as pricing
@@ -56,7 +57,7 @@ def snapshot(action: str = "alert", budget: float | None = None, **prices: Any) 
 
 
 def context(snap: PolicySnapshot, **fields: Any) -> RequestContext:
-    ctx = RequestContext("r1", snap, "chat")
+    ctx = RequestContext("r1", snap, CHAT)
     ctx.tenant, ctx.model = snap.tenants["t"], MODEL
     for name, value in fields.items():
         setattr(ctx, name, value)
@@ -119,7 +120,7 @@ def test_a_finished_request_is_priced_at_its_day_and_drafted_with_everything_fin
 
 def test_an_unauthenticated_request_leaves_no_record_and_an_unpriced_one_costs_nothing() -> None:
     snap = snapshot()
-    ctx = RequestContext("r", snap, "chat")
+    ctx = RequestContext("r", snap, CHAT)
     assert draft(ctx, 0.0) is None
     unpriced = context(snap, model="unpriced", prompt_tokens=10)
     assert price(unpriced, datetime(2026, 7, 1, tzinfo=UTC).timestamp()) == (0.0, None)
@@ -224,7 +225,7 @@ def spend_for(snap: PolicySnapshot) -> tuple[Spend, Alerts]:
 
 async def admitted(spend: Spend, snap: PolicySnapshot, max_tokens: int, klass: str = "standard",
                    ) -> tuple[RequestContext, Any, str]:
-    ctx = RequestContext("r", snap, "chat")
+    ctx = RequestContext("r", snap, CHAT)
     ctx.tenant, ctx.service_class = snap.tenants["t"], klass
     body = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens})
     call = await prepare(ctx, body)
@@ -424,7 +425,7 @@ def test_report_bounds_at_the_calendars_edge_are_open_ends_not_errors() -> None:
 
 # -- the worst case ------------------------------------------------------------------------------------------
 
-def prepared(snap: PolicySnapshot, body: dict[str, Any], endpoint: str = "chat") -> Any:
+def prepared(snap: PolicySnapshot, body: dict[str, Any], endpoint: Endpoint = CHAT) -> Any:
     async def main() -> Any:
         ctx = RequestContext("r", snap, endpoint)
         ctx.tenant = snap.tenants["t"]
@@ -441,14 +442,14 @@ def test_the_worst_case_bounds_what_any_body_can_use() -> None:
     dense = "!?" * 2000  # punctuation: one token a character in the simulator's tokenizer, as near as BPE gets
     messages = [{"role": "user", "content": dense}]
     cases = [
-        ("chat", {"model": MODEL, "messages": messages, "max_tokens": 100}, count_chat(messages) + 100),
-        ("chat", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "n": 128},
+        (CHAT, {"model": MODEL, "messages": messages, "max_tokens": 100}, count_chat(messages) + 100),
+        (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "n": 128},
          count_chat([{"role": "user", "content": "hi"}]) + 100 * 128),
-        ("completions", {"model": MODEL, "prompt": ["say ." * 8] * 64, "max_tokens": 50},
+        (COMPLETIONS, {"model": MODEL, "prompt": ["say ." * 8] * 64, "max_tokens": 50},
          64 * count_text("say ." * 8) + 64 * 50),
-        ("completions", {"model": MODEL, "prompt": [dense, dense], "max_tokens": 10, "n": 2, "best_of": 3},
+        (COMPLETIONS, {"model": MODEL, "prompt": [dense, dense], "max_tokens": 10, "n": 2, "best_of": 3},
          2 * count_text(dense) + 2 * 3 * 10),
-        ("completions", {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 10}, 3 + 10),
+        (COMPLETIONS, {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 10}, 3 + 10),
     ]
     for endpoint, body, most in cases:
         call = prepared(snap, body, endpoint)
@@ -460,7 +461,7 @@ def test_a_reservation_prices_the_worst_case_and_the_anomaly_rule_the_usual_size
     async def main() -> None:
         snap = snapshot(budget=1.0)
         spend, alerts = spend_for(snap)
-        ctx = RequestContext("r", snap, "chat")
+        ctx = RequestContext("r", snap, CHAT)
         ctx.tenant = snap.tenants["t"]
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "n": 100}
         call = await prepare(ctx, orjson.dumps(body))

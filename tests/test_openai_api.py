@@ -9,17 +9,11 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, Endpoint
+from gateway.endpoints.checks import echo
+from gateway.endpoints.embeddings import MAX_EMBEDDING_INPUTS, embedding_inputs
 from gateway.errors import InvalidRequest
-from gateway.openai_api import (
-    MAX_EMBEDDING_INPUTS,
-    apply_max_tokens,
-    echo,
-    embedding_inputs,
-    parse_json,
-    validate_chat,
-    validate_completion,
-    validate_embeddings,
-)
+from gateway.openai_api import apply_max_tokens, parse_json
 from gateway.policy.loader import TenantView
 
 
@@ -27,28 +21,35 @@ def tenant(default: int = 512, cap: int = 1024, on_exceed: str = "clamp") -> Ten
     return TenantView("t", "standard", None, default, cap, on_exceed)
 
 
+def applied(body: dict[str, Any], tenant: TenantView, endpoint: Endpoint = CHAT) -> str:
+    """The max_tokens policy on the field that bounds the endpoint's output."""
+    field = endpoint.output_field(body)
+    assert field is not None
+    return apply_max_tokens(body, tenant, field)
+
+
 def test_default_is_applied_when_the_client_says_nothing() -> None:
     body: dict[str, Any] = {}
-    assert apply_max_tokens(body, tenant()) == "default; value=512"
+    assert applied(body, tenant()) == "default; value=512"
     assert body["max_tokens"] == 512
     body = {}
-    assert apply_max_tokens(body, tenant(default=512, cap=100)) == "default; value=100", "the cap bounds the default"
+    assert applied(body, tenant(default=512, cap=100)) == "default; value=100", "the cap bounds the default"
 
 
 def test_requested_values_within_the_cap_are_kept() -> None:
     body = {"max_tokens": 1024}
-    assert apply_max_tokens(body, tenant()) == "requested; value=1024" and body["max_tokens"] == 1024
+    assert applied(body, tenant()) == "requested; value=1024" and body["max_tokens"] == 1024
 
 
 def test_above_the_cap_clamps_or_rejects() -> None:
     body = {"max_tokens": 5000}
-    assert apply_max_tokens(body, tenant()) == "clamped; requested=5000; value=1024"
+    assert applied(body, tenant()) == "clamped; requested=5000; value=1024"
     assert body["max_tokens"] == 1024
     body = {"max_completion_tokens": 5000}
-    apply_max_tokens(body, tenant())
+    applied(body, tenant())
     assert body == {"max_completion_tokens": 1024}, "the field the client used is the one clamped"
     with pytest.raises(InvalidRequest) as caught:
-        apply_max_tokens({"max_tokens": 5000}, tenant(on_exceed="reject"))
+        applied({"max_tokens": 5000}, tenant(on_exceed="reject"))
     assert caught.value.code == "max_tokens_exceeded"
 
 
@@ -65,15 +66,15 @@ def test_above_the_cap_clamps_or_rejects() -> None:
 ])
 def test_chat_validation_names_the_parameter(body: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidRequest) as caught:
-        validate_chat(body)
+        CHAT.validate(body)
     assert caught.value.param == param
 
 
 def test_completion_prompt_shapes() -> None:
-    assert validate_completion({"model": "m", "prompt": "x"}) == "m"
-    assert validate_completion({"model": "m", "prompt": [1, 2, 3]}) == "m"
+    assert COMPLETIONS.validate({"model": "m", "prompt": "x"}) == "m"
+    assert COMPLETIONS.validate({"model": "m", "prompt": [1, 2, 3]}) == "m"
     with pytest.raises(InvalidRequest):
-        validate_completion({"model": "m", "prompt": ""})
+        COMPLETIONS.validate({"model": "m", "prompt": ""})
 
 
 def test_parse_json_errors_are_400() -> None:
@@ -106,9 +107,9 @@ def test_embedding_inputs_are_counted_by_shape(value: object, count: int) -> Non
 ])
 def test_embeddings_validation_names_the_parameter(body: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidRequest) as caught:
-        validate_embeddings(body)
+        EMBEDDINGS.validate(body)
     assert caught.value.param == param
-    assert validate_embeddings({"model": "e", "input": ["x"] * MAX_EMBEDDING_INPUTS}) == "e"
+    assert EMBEDDINGS.validate({"model": "e", "input": ["x"] * MAX_EMBEDDING_INPUTS}) == "e"
 
 
 @pytest.mark.parametrize("body,param", [
@@ -120,30 +121,28 @@ def test_embeddings_validation_names_the_parameter(body: dict[str, Any], param: 
     ({"model": "m", "input": "x", "stream": "yes"}, "stream"),
 ])
 def test_responses_validation_names_the_parameter(body: dict[str, Any], param: str) -> None:
-    from gateway.openai_api import validate_responses
-
     with pytest.raises(InvalidRequest) as caught:
-        validate_responses(body)
+        RESPONSES.validate(body)
     assert caught.value.param == param
-    assert validate_responses({"model": "m", "input": [{"role": "user", "content": "hi"}]}) == "m"
+    assert RESPONSES.validate({"model": "m", "input": [{"role": "user", "content": "hi"}]}) == "m"
 
 
 def test_max_output_tokens_is_the_responses_apis_bound() -> None:
     body: dict[str, Any] = {}
-    assert apply_max_tokens(body, tenant(), "responses") == "default; value=512" and body == {"max_output_tokens": 512}
+    assert applied(body, tenant(), RESPONSES) == "default; value=512" and body == {"max_output_tokens": 512}
     body = {"max_output_tokens": 5000}
-    assert apply_max_tokens(body, tenant(), "responses") == "clamped; requested=5000; value=1024"
+    assert applied(body, tenant(), RESPONSES) == "clamped; requested=5000; value=1024"
     assert body == {"max_output_tokens": 1024}
 
 
 def test_a_responses_stream_keeps_its_usage_and_counts_its_deltas() -> None:
     """The Responses API's events go by unchanged; the usage is read off the final event, and a stream cut
     before it still says how many text deltas it carried."""
-    from gateway.upstream.homes import Home, ResponseHomes
-    from gateway.upstream.relay import Relayed, _ResponsesTap
+    from gateway.endpoints.responses import Home, ResponseHomes
+    from gateway.upstream.relay import Relayed
 
     relayed = Relayed()
-    tap = _ResponsesTap(relayed)
+    tap = RESPONSES.tap(relayed, False, False)
     created = (b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_abc","usage":null}}'
                b"\n\n")
     deltas = b"".join(b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"a"}'

@@ -9,6 +9,7 @@ import orjson
 
 from gateway import pipeline, sse
 from gateway.context import RequestContext
+from gateway.endpoints import CHAT, RESPONSES
 from gateway.errors import UpstreamFailed
 from gateway.sink import BufferSink
 from tests.fakes import (
@@ -217,7 +218,7 @@ def test_client_errors_are_4xx_in_the_openai_shape() -> None:
 def test_fail_after_the_answer_started_only_records() -> None:
     async def main() -> None:
         async with FakeWorker(json_of(completion_json())) as w, running_gateway([w.url]) as gw:
-            ctx = RequestContext("r", gw.store.current, "chat")
+            ctx = RequestContext("r", gw.store.current, CHAT)
             sink = BufferSink()
             await sink.start(200, [])
             await sink.send(b"{}")
@@ -231,7 +232,7 @@ def test_an_unexpected_exception_ends_as_a_500_and_is_still_accounted() -> None:
     """The lifecycle answers what no step expected with a 500 and closes the request like any other."""
     async def main() -> None:
         async with FakeWorker(json_of(completion_json())) as w, running_gateway([w.url]) as gw:
-            ctx = RequestContext("r", gw.store.current, "chat")
+            ctx = RequestContext("r", gw.store.current, CHAT)
             ctx.tenant = gw.store.current.tenants["demo"]
             sink = BufferSink()
             async with pipeline.Lifecycle(gw, ctx, sink):
@@ -276,7 +277,7 @@ def test_bodies_the_worker_cannot_be_sent_are_a_400_before_admission_and_hold_no
             assert all(not pool["granted_by_tenant"] for pool in queues), "no slot kept by a refused body"
             assert w.requests == [], "nothing reached the worker"
             ctx, sink = await call(gw, {"model": MODEL, "input": [{"role": "user", "content": [
-                {"type": "input_text", "text": 5}]}]}, endpoint="responses")
+                {"type": "input_text", "text": 5}]}]}, endpoint=RESPONSES)
             assert (sink.status, ctx.error) == (400, "invalid_value") and b"input[0].content[0].text" in sink.body
             ctx, sink = await call(gw, chat(), tenant="prem")
             assert sink.status == 200 and inflight(gw) == 0

@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from gateway.context import RequestContext
+from gateway.endpoints import CHAT
 from gateway.fleet.worker import Worker
 from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Policy
@@ -67,7 +68,7 @@ async def test_the_caches_copy_of_a_stream_stops_past_what_the_cache_would_store
     async with server(streams) as (url, _):
         client = Client(8, 30.0, 2.0, 5.0)
         for size, kept in ((room // 2, True), (room * 2, False)):
-            ctx = RequestContext("r", snapshot, "chat")
+            ctx = RequestContext("r", snapshot, CHAT)
             sink, relayed = BufferSink(), Relayed()
             response = await client.request(b"POST", url, "/", b"%d" % size)
             await relay_stream(ctx, Worker(url, "main"), response, sink, relayed, (False, False), 1.0, capture=True)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.context import RequestContext
+from gateway.endpoints import CHAT
 from gateway.errors import Shed
 from gateway.outcomes import render
 from gateway.policy.loader import PolicySnapshot
@@ -50,7 +51,7 @@ class Harness:
         self.granted: list[str] = []
 
     def ctx(self, tenant: str, klass: str | None = None) -> RequestContext:
-        ctx = RequestContext(tenant, self.snap, "chat")
+        ctx = RequestContext(tenant, self.snap, CHAT)
         ctx.tenant = self.snap.tenants[tenant]
         ctx.service_class = klass or ctx.tenant.tier
         return ctx

@@ -14,6 +14,7 @@ import pytest
 
 from gateway import pipeline
 from gateway.context import RequestContext
+from gateway.endpoints import CHAT
 from gateway.ops import otlp, tracing
 from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Policy, TracingPolicy
@@ -154,7 +155,7 @@ def test_a_sampled_request_makes_a_server_span_with_its_stages_as_children() -> 
     policy = Policy.model_validate({"tenants": {"acme": {"tier": "standard"}}, "models": {"m": {"pool": "p"}},
                                     "pools": {"p": {"workers": ["http://w1"]}}})
     snapshot = PolicySnapshot.build(policy, "test")
-    ctx = RequestContext("req-1", snapshot, "chat")
+    ctx = RequestContext("req-1", snapshot, CHAT)
     ctx.tenant, ctx.model, ctx.status, ctx.worker = snapshot.tenants["acme"], "m", 200, "http://w1"
     ctx.prompt_tokens, ctx.completion_tokens, ctx.max_tokens_applied = 12, 30, "default; value=512"
     ctx.cache, ctx.cost_usd = "miss", 0.25
@@ -162,7 +163,7 @@ def test_a_sampled_request_makes_a_server_span_with_its_stages_as_children() -> 
     t.cache_at, t.cache, t.queue_wait, t.dispatch_at, t.total = 0.001, 0.002, 0.010, 0.015, 0.250
     ctx.trace = traced.start(f"00-{CALLER_TRACE}-{CALLER_SPAN}-01".encode())
     traced.finish(ctx)
-    failed = RequestContext("req-2", snapshot, "chat")
+    failed = RequestContext("req-2", snapshot, CHAT)
     failed.status, failed.error = 429, "rate_limited"
     failed.trace = traced.start(None)
     traced.finish(failed)
@@ -303,7 +304,7 @@ def test_the_worker_gets_the_callers_tracestate_beside_the_traceparent() -> None
     """Through the pipeline to a worker: the Trace Context the edge parsed is what the worker's request carries."""
     async def main() -> None:
         async with FakeWorker(json_of(completion_json())) as w, running_gateway([w.url]) as gw:
-            ctx = RequestContext("traced", gw.store.current, "chat")
+            ctx = RequestContext("traced", gw.store.current, CHAT)
             ctx.tenant = gw.store.current.tenants["demo"]
             ctx.trace = tracer(1.0).start(f"00-{CALLER_TRACE}-{CALLER_SPAN}-01".encode(), b"congo=t61rcWkgMzE")
             sink = BufferSink()

@@ -22,9 +22,9 @@ from typing import IO, Any
 
 import orjson
 
-from gateway.openai_api import PATHS
+from gateway.endpoints import BY_PATH
 
-ENDPOINTS = tuple(PATHS.values())
+ENDPOINTS = tuple(BY_PATH)
 MAX_REPORTED = 20  # errors listed on a failed batch; the rest are counted
 BLOCK = 1024 * 1024  # read size
 

@@ -33,8 +33,8 @@ from gateway import pipeline
 from gateway.batches import lines
 from gateway.batches.store import ACTIVE, BatchRecord, BatchStore, new_id
 from gateway.context import RequestContext
+from gateway.endpoints import BY_PATH
 from gateway.errors import GatewayError, TryLater, UpstreamFailed
-from gateway.openai_api import ENDPOINT_OF_PATH
 from gateway.runtime import Gateway
 from gateway.sink import BufferSink
 
@@ -329,7 +329,7 @@ class BatchRunner:
                 custom_id, "tenant_removed", f"The tenant '{record.tenant}' is no longer in the policy."))
             return None, 0
         body = await store.do(store.body, record.id, line_no)
-        ctx = RequestContext(f"{record.id}-{line_no}", snapshot, ENDPOINT_OF_PATH[record.row["endpoint"]])
+        ctx = RequestContext(f"{record.id}-{line_no}", snapshot, BY_PATH[record.row["endpoint"]])
         ctx.tenant, ctx.batch = tenant, record.id
         sink = BufferSink()
         async with pipeline.Lifecycle(gw, ctx, sink):

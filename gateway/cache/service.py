@@ -24,9 +24,9 @@ from gateway.cache.bounds import Footprint
 from gateway.cache.embedder import Embedder, ProcessEmbedder
 from gateway.cache.index import VectorIndex
 from gateway.cache.keys import CacheKey
-from gateway.cache.replay import answer_from_json, answer_from_sse
 from gateway.cache.store import CacheStore, Entry, MemoryStore, RedisStore, StoreUnavailable
 from gateway.cache.verifier import verify
+from gateway.endpoints.base import Endpoint
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import CachePolicy
 
@@ -190,21 +190,21 @@ class SemanticCache:
 
     # -- storing ----------------------------------------------------------------------------------------
 
-    def remember(self, key: CacheKey, endpoint: str, payload: bytes, streamed: bool, vector: np.ndarray | None,
+    def remember(self, key: CacheKey, endpoint: Endpoint, payload: bytes, streamed: bool, vector: np.ndarray | None,
                  spec: CachePolicy) -> None:
         """Store a complete answer in the background (the client already has it)."""
         self._background(self._remember(key, endpoint, payload, streamed, vector, spec))
 
-    async def _remember(self, key: CacheKey, endpoint: str, payload: bytes, streamed: bool,
+    async def _remember(self, key: CacheKey, endpoint: Endpoint, payload: bytes, streamed: bool,
                         vector: np.ndarray | None, spec: CachePolicy) -> None:
         if not streamed and len(payload) > spec.max_entry_bytes:  # the answer is most of it: not worth parsing
             self.metrics.cache_not_stored.labels("too_large").inc()
             return
-        parse = answer_from_sse if streamed else answer_from_json
+        parse = endpoint.answer_from_sse if streamed else endpoint.answer_from_json
         try:
             # a thread hop costs more than parsing a short answer (tens of microseconds) on the loop
-            parsed = parse(endpoint, payload) if len(payload) <= _PARSE_ON_LOOP_BYTES else await asyncio.to_thread(
-                parse, endpoint, payload)
+            parsed = parse(payload) if len(payload) <= _PARSE_ON_LOOP_BYTES else await asyncio.to_thread(
+                parse, payload)
         except ValueError:
             return
         if parsed is None:
@@ -212,7 +212,7 @@ class SemanticCache:
         text, finish, usage = parsed
         if finish not in ("stop", "length"):
             return
-        entry = Entry(tenant=key.tenant, model=key.model, endpoint=endpoint, scope=key.scope, exact=key.exact,
+        entry = Entry(tenant=key.tenant, model=key.model, endpoint=endpoint.name, scope=key.scope, exact=key.exact,
                       question=key.text, answer=text, finish_reason=finish,
                       prompt_tokens=int(usage.get("prompt_tokens") or 0),
                       completion_tokens=int(usage.get("completion_tokens") or 0), max_tokens=key.max_tokens,

@@ -22,6 +22,7 @@ from gateway.auth import identify
 from gateway.batches.runner import BatchRunner
 from gateway.batches.store import open_batch_store
 from gateway.context import RequestContext
+from gateway.endpoints import BY_PATH, RETRIEVE, Endpoint
 from gateway.errors import ClientGone, GatewayError, InvalidRequest, NotFound
 from gateway.http import admin, batch_api, errors, reports, reports_page
 from gateway.http.asgi import AsgiSink, Receive, Scope, Send, read_body, request_headers, until_disconnect
@@ -29,7 +30,6 @@ from gateway.http.guards import gateway_of, require_metrics_reader, tenant_of
 from gateway.http.responses import json_response
 from gateway.http.sessions import Sessions
 from gateway.ledger import open_ledger
-from gateway.openai_api import PATHS
 from gateway.policy.loader import PolicyStore
 from gateway.runtime import Gateway
 from gateway.state.replicas import ALONE, Share
@@ -48,9 +48,9 @@ def new_request_id() -> str:
 
 
 class Completions:
-    """POST /v1/chat/completions and /v1/completions as a pure ASGI app (no buffering middleware)."""
+    """POST to one API (chat, completions, embeddings, responses) as a pure ASGI app (no buffering middleware)."""
 
-    def __init__(self, gateway: Gateway, endpoint: str) -> None:
+    def __init__(self, gateway: Gateway, endpoint: Endpoint) -> None:
         self.gw = gateway
         self.endpoint = endpoint
 
@@ -80,7 +80,7 @@ class Retrieve:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gw
         sink = AsgiSink(send)
-        ctx = context(gw, scope, "responses.retrieve")
+        ctx = context(gw, scope, RETRIEVE)
         async with pipeline.Lifecycle(gw, ctx, sink):
             authenticate(gw, ctx, scope)
             if await until_disconnect(pipeline.retrieve(gw, ctx, scope["path_params"]["response_id"], sink),
@@ -88,7 +88,7 @@ class Retrieve:
                 raise ClientGone("The client disconnected.")
 
 
-def context(gw: Gateway, scope: Scope, endpoint: str) -> RequestContext:
+def context(gw: Gateway, scope: Scope, endpoint: Endpoint) -> RequestContext:
     """A new request's context, under the client's X-Request-Id if it is a plain one."""
     rid = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"")
     return RequestContext(rid.decode() if _REQUEST_ID.match(rid) else new_request_id(), gw.store.current, endpoint)
@@ -170,7 +170,7 @@ def create_app(store: PolicyStore, data_dir: Path | None = None, share: Share = 
                 await runner.close()
                 runner.store.close()
 
-    endpoints = {path: Completions(gw, name) for name, path in PATHS.items()}
+    endpoints = {path: Completions(gw, endpoint) for path, endpoint in BY_PATH.items()}
     app = Starlette(
         routes=[
             *(Route(path, endpoint, methods=["POST"]) for path, endpoint in endpoints.items()),
@@ -178,7 +178,7 @@ def create_app(store: PolicyStore, data_dir: Path | None = None, share: Share = 
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
-            Route("/v1/responses/{response_id}", Retrieve(gw), methods=["GET"]),
+            Route(RETRIEVE.path, Retrieve(gw), methods=["GET"]),
             *admin.ROUTES,
             *reports.ROUTES,
             *reports_page.ROUTES,

@@ -45,7 +45,7 @@ def draft(ctx: RequestContext, finished_at: float) -> Draft | None:
     return Draft({
         "id": f"{_PREFIX}-{next(_counter):x}", "request_id": ctx.request_id, "tenant": tenant.name,
         "key_id": ctx.key_id, "tier": tenant.tier, "service_class": ctx.service_class, "model": ctx.served_model,
-        "endpoint": ctx.endpoint, "stream": ctx.stream, "status": ctx.status, "error": ctx.error,
+        "endpoint": ctx.endpoint.name, "stream": ctx.stream, "status": ctx.status, "error": ctx.error,
         "prompt_tokens": ctx.prompt_tokens or 0, "completion_tokens": ctx.completion_tokens or 0,
         "cached_tokens": ctx.cached_tokens or 0, "cache": ctx.cache, "estimated": ctx.usage_estimated,
         "batch": ctx.batch, "cost_usd": ctx.cost_usd, "price_version": ctx.price_version,

@@ -34,7 +34,6 @@ _STATE_MEMBER = re.compile(rb"(?:[a-z0-9][a-z0-9_*/-]{0,240}@[a-z][a-z0-9_*/-]{0
                            rb"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]")
 STATE_BYTES, STATE_MEMBERS = 512, 32  # what W3C asks a vendor to pass on at least, and at most
 _STATE_SCAN = 4 * STATE_MEMBERS  # list members looked at: a header of junk costs no more than this
-OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings"}
 _NS = 1_000_000_000
 _LOW_64 = (1 << 64) - 1
 
@@ -124,7 +123,7 @@ def spans(ctx: RequestContext, trace: Trace, bits: Callable[[int], int] = random
     def at(offset: float) -> int:
         return start + int(offset * _NS)
 
-    operation = OPERATIONS.get(ctx.endpoint, ctx.endpoint)
+    operation = ctx.endpoint.operation
     error = (ctx.error or f"HTTP {ctx.status}") if ctx.status >= 400 or ctx.status == 0 else None
     server = trace.server_id
     out = [SpanRecord(f"{operation} {ctx.model}" if ctx.model else operation, server, trace.parent_id, otlp.SERVER,

@@ -11,6 +11,7 @@ from gateway.cache.keys import CacheKey
 from gateway.cache.service import Lookup
 from gateway.cache.store import Entry
 from gateway.context import RequestContext
+from gateway.endpoints import CHAT
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import CachePolicy, Policy
@@ -36,7 +37,7 @@ def context(cache_enabled: bool = True) -> RequestContext:
     policy = policy_dict(["http://127.0.0.1:9"])
     policy["cache"] = {"enabled": cache_enabled}
     snapshot = PolicySnapshot.build(Policy.model_validate(policy), "test")
-    ctx = RequestContext("test-request", snapshot, "chat")
+    ctx = RequestContext("test-request", snapshot, CHAT)
     ctx.tenant = snapshot.tenants["demo"]
     return ctx
 
