@@ -1,0 +1,55 @@
+"""What chat and completions share: the sampling checks, and the bypasses and parameters of their cache
+question."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.endpoints import CHAT, COMPLETIONS
+from gateway.endpoints.generation import validate_sampling
+from gateway.errors import InvalidRequest
+from gateway.policy.schema import CachePolicy
+
+SPEC = CachePolicy(enabled=True)
+
+
+def chat(**extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"stream": "yes"}, "stream"), ({"stream": True, "stream_options": []}, "stream_options"),
+    ({"temperature": 2.5}, "temperature"), ({"n": 129}, "n"), ({"max_tokens": 0}, "max_tokens"),
+    ({"max_completion_tokens": 1.5}, "max_completion_tokens"), ({"stop": ["a", 1]}, "stop"),
+    ({"presence_penalty": -3}, "presence_penalty"),
+])
+def test_the_shared_sampling_checks_name_the_parameter(extra: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        validate_sampling({"model": "m", **extra})
+    assert caught.value.param == param
+    assert validate_sampling({"model": "m", "temperature": 0, "stop": ["a"], "seed": -1}) == "m"
+
+
+@pytest.mark.parametrize("extra,reason", [
+    ({"n": 2}, "n_gt_1"), ({"logprobs": True}, "logprobs"), ({"echo": True}, "logprobs"),
+    ({"temperature": 1.5}, "temperature"), ({"tools": [{"type": "function"}]}, "tools"),
+    ({"functions": [{"name": "f"}]}, "tools"),
+])
+def test_what_makes_an_answer_one_of_many_is_a_bypass(extra: dict[str, Any], reason: str) -> None:
+    assert CHAT.question(chat(**extra), SPEC) == reason
+    assert COMPLETIONS.question({"model": "m", "prompt": "hi", **extra}, SPEC) == reason
+
+
+def test_the_parameters_that_change_an_answer_are_in_the_question_and_temperature_by_bucket() -> None:
+    def params(**extra: Any) -> dict[str, Any]:
+        question = CHAT.question(chat(**extra), CachePolicy(enabled=True, tools=True))
+        assert not isinstance(question, str)
+        return question.params
+
+    assert params() == {"temperature": "default"}
+    assert params(temperature=0) == {"temperature": "0"}
+    assert params(temperature=0.21) == params(temperature=0.29) != params(temperature=0.31)
+    assert params(seed=4, user="u")["seed"] == 4 and "user" not in params(user="u")
+    assert params(tools=[{"type": "function"}])["tools"] == [{"type": "function"}]
