@@ -1,0 +1,1 @@
+"""In-process tests of gateway.scheduling, one file per module."""

@@ -1,0 +1,84 @@
+"""Only gateway.scheduling writes a pool's state (queues.PoolState); everyone else reads its QueueView.
+
+Read from the source, in the style of tests/test_structure.py: an assignment (plain, augmented, to an item) to
+``<x>.<field>`` for a field of PoolState, or a call of one of its counting methods or of a mutating method of one of
+its fields, on anything but ``self`` (a class's own field of the same name, such as UpstreamPool.workers)."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import dataclasses
+from pathlib import Path
+
+from gateway.policy.schema import Pool
+from gateway.scheduling.queues import PoolState, QueueView, Waiter
+
+GATEWAY = Path(__file__).resolve().parents[3] / "gateway"
+FIELDS = frozenset(f.name for f in dataclasses.fields(PoolState))
+COUNTING = frozenset({"take", "give", "arrived"})
+MUTATING = frozenset({"append", "appendleft", "pop", "popleft", "clear", "update", "setdefault", "push", "remove",
+                      "extend", "__setitem__", "__delitem__"})
+
+
+def _field_of_state(node: ast.expr) -> bool:
+    """``<x>.<field>`` (or an item of it) for a PoolState field, ``x`` not ``self``."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    return isinstance(node, ast.Attribute) and node.attr in FIELDS and \
+        not (isinstance(node.value, ast.Name) and node.value.id == "self")
+
+
+def state_writes(source: str) -> list[str]:
+    """The lines of ``source`` that write what looks like a PoolState."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                targets.extend(target.elts if isinstance(target, ast.Tuple) else [target])
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign | ast.Delete):
+            targets.extend(node.targets if isinstance(node, ast.Delete) else [node.target])
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            if (node.func.attr in COUNTING and not (isinstance(owner, ast.Name) and owner.id == "self")) or \
+                    (node.func.attr in MUTATING and _field_of_state(owner)):
+                found.append(ast.unparse(node))
+        found.extend(ast.unparse(t) for t in targets if _field_of_state(t))
+    return found
+
+
+def test_nothing_outside_the_scheduler_writes_a_pools_state() -> None:
+    writes = {str(path.relative_to(GATEWAY.parent)): state_writes(path.read_text())
+              for path in sorted(GATEWAY.rglob("*.py")) if path.parent.name != "scheduling"}
+    assert {module: lines for module, lines in writes.items() if lines} == {}
+
+
+def test_the_check_sees_the_writes_it_forbids() -> None:
+    """Positive control: how the pools used to hand a pool's state over on a reload, and the controller's own
+    writes, are found; a class's own fields of the same names are not."""
+    handed_over = """
+pool.admission = current.admission
+pool.admission.workers, pool.admission.spec = pool.workers, spec
+state.granted += 1
+state.held[tenant] = 1
+state.take(tenant, klass)
+state.queues["standard"].push(waiter)
+pool.admission.completions.append(now)
+"""
+    assert state_writes(handed_over) == [
+        "pool.admission.workers", "pool.admission.spec", "state.granted", "state.held[tenant]",
+        "state.take(tenant, klass)", "state.queues['standard'].push(waiter)", "pool.admission.completions.append(now)"]
+    assert state_writes("self.workers = workers\nself.spec = spec\nself.held.pop(key)\n") == []
+    controller = (GATEWAY / "scheduling" / "controller.py").read_text()
+    assert len(state_writes(controller)) > 10, "the controller's own writes are all seen"
+
+
+def test_the_view_reads_the_queues_it_was_made_from() -> None:
+    async def main() -> None:
+        state = PoolState("p", [], Pool.model_validate({"workers": ["http://w0"]}))
+        view = QueueView(state)
+        assert view.depths() == {"premium": 0, "standard": 0, "batch": 0} and view.queued == 0
+        state.queues["batch"].push(Waiter(None, "t", 1.0, 10, 10, 0.0))  # type: ignore[arg-type]
+        assert view.depths() == {"premium": 0, "standard": 0, "batch": 1} and view.queued == 1
+    asyncio.run(main())
