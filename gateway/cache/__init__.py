@@ -1,3 +1,3 @@
 """The response cache: keys, the store (in-process or Redis), the faiss index, the embedder (off the loop), the
 near-miss verifier and its lexicons, replay, and the byte bounds. Imports only shared leaves (context, sse,
-policy, ops metrics, state); the pipeline calls it, never the other way."""
+endpoints, policy, ops metrics, state); the pipeline calls it, never the other way."""
