@@ -62,7 +62,7 @@ class Controller:
         self.metrics = metrics
         self.clock = clock
         self.share = share  # this process's part of each worker's limit (set_share, as processes come and go)
-        self.scheduling = scheduling
+        self._current_scheduling = scheduling
         self.states: dict[str, PoolState] = {}  # each pool's queues and counts, by pool name (track / untrack)
         self.tenant_inflight: dict[str, int] = {}
 
@@ -88,13 +88,13 @@ class Controller:
         worker's waiting queue may have emptied)."""
         state = self.states.get(pool)
         if state is not None:
-            self._relearn(state, self.scheduling())
+            self._relearn(state, self._current_scheduling())
 
     def set_share(self, share: Share) -> None:
         """This process's new part of each worker's limit: a larger part may have room for what waits, so each pool
         is read again as after a scrape."""
         self.share = share
-        scheduling = self.scheduling()
+        scheduling = self._current_scheduling()
         for state in self.states.values():
             self._relearn(state, scheduling)
 
