@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import runpy
 import sys
 from pathlib import Path
 
@@ -12,8 +11,10 @@ from gateway.cli import DEFAULT_POLICY, _policy_path
 
 
 def run_module(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `python -m gateway ARGV` does: import gateway.__main__ afresh with ARGV as the command line."""
     monkeypatch.setattr(sys, "argv", ["python -m gateway", *argv])
-    runpy.run_module("gateway", run_name="__main__", alter_sys=False)
+    monkeypatch.delitem(sys.modules, "gateway.__main__", raising=False)
+    import gateway.__main__  # noqa: F401  (importing it runs the command)
 
 
 def test_python_m_gateway_runs_the_command_it_is_given(monkeypatch: pytest.MonkeyPatch,

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from gateway.http import batch_api
 from gateway.http.app import create_app
 from gateway.policy.loader import PolicySnapshot, PolicyStore
 from gateway.policy.schema import Policy
@@ -21,9 +22,12 @@ LINE = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "bo
 
 
 @asynccontextmanager
-async def batch_client(data_dir: Path) -> AsyncIterator[httpx.AsyncClient]:
-    """The app serving the Batch API from ``data_dir``, started as uvicorn starts it (its lifespan)."""
-    store = PolicyStore(PolicySnapshot.build(Policy.model_validate(policy_dict(["http://127.0.0.1:9"])), "test"))
+async def batch_client(data_dir: Path, **batches: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """The app serving the Batch API from ``data_dir`` (``batches``: the policy's batches section), started as
+    uvicorn starts it (its lifespan)."""
+    policy = policy_dict(["http://127.0.0.1:9"])
+    policy["batches"] = batches
+    store = PolicyStore(PolicySnapshot.build(Policy.model_validate(policy), "test"))
     app = create_app(store, data_dir)
     async with app.app.router.lifespan_context(app.app), httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://gateway", headers=DEMO) as client:  # type: ignore[arg-type]
@@ -67,6 +71,18 @@ def test_an_upload_is_a_form_with_a_batch_file_that_has_something_in_it(tmp_path
             no_file = await client.post("/v1/files", files={"other": ("x", b"1")}, data={"purpose": "batch"})
             assert code(no_file) == (400, "missing_file")
             assert (await client.get("/v1/files")).json()["data"] == [], "nothing refused was kept"
+    asyncio.run(main())
+
+
+def test_an_upload_over_the_limit_is_refused_as_declared_or_as_counted(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with batch_client(tmp_path, max_file_bytes=4096) as client:
+            assert code(await upload(client, "big.jsonl", LINE * 60)) == (413, "file_too_large"), "5 KB counted"
+            declared = await client.post("/v1/files", content=b"x", headers={
+                "content-type": "multipart/form-data; boundary=B",
+                "content-length": str(4096 + batch_api.MULTIPART_OVERHEAD + 1)})
+            assert code(declared) == (413, "file_too_large"), "refused on what it says it will send"
+            assert (await upload(client, "fits.jsonl", LINE * 40)).status_code == 200, "3.2 KB fits"
     asyncio.run(main())
 
 
