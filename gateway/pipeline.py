@@ -14,7 +14,7 @@ import logging
 from types import TracebackType
 from urllib.parse import quote
 
-from gateway import accounting, openai_api
+from gateway import openai_api
 from gateway.cache import replay
 from gateway.cache.decision import CacheDecision, decide
 from gateway.cache.service import Lookup
@@ -72,7 +72,7 @@ class Lifecycle:
         finally:
             left = ctx.error == ClientGone.code or sink.status is None
             ctx.status = 499 if left else sink.status  # type: ignore[assignment]
-            accounting.finish(ctx, gw.metrics, gw.ledger, gw.spend, gw.ratelimit, gw.tracer)
+            gw.finish(ctx)
         return isinstance(exc, Exception)
 
 

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any
 
+from gateway import accounting
 from gateway.cache.service import SemanticCache
 from gateway.cache.store import RedisStore
 from gateway.endpoints.responses import ResponseHomes
@@ -53,6 +54,9 @@ class Gateway:
         self.upstreams = Upstreams(self.metrics, self.scheduler)  # each scrape tells the scheduler itself
         self.cache: SemanticCache | None = None
         self.tracer = tracing.from_config(store.current.policy.tracing)  # read once, at start
+        # how every request closes (pipeline.Lifecycle): its observers, in accounting's order, built once
+        self.finish = accounting.Finish(accounting.observers(self.metrics, ledger, self.spend, self.ratelimit,
+                                                             self.tracer))
         self.responses = ResponseHomes()  # which worker made which Responses API answer
         self.draining = False  # set on SIGTERM: /readyz turns 503 while answers in flight finish
         self._tasks: set[asyncio.Task[None]] = set()  # background work; each task leaves the set when done
