@@ -288,17 +288,32 @@ def test_replicas_on_postgres_share_a_batch_and_a_killed_one_loses_no_line(
     assert len(counts) >= 90 - 3, "every line recorded but those the killed replica finished as it died"
 
 
+class Clock:
+    """The batch store's wall clock, moved by hand: a lease lapses when the test says, not after a sleep."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
-def batch_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+def batch_store(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Any:
     from gateway.batches.store import open_batch_store
 
     dsn = request.getfixturevalue("pg_dsn") if request.param == "postgres" else None
-    store = open_batch_store(tmp_path, dsn)
+    store = open_batch_store(tmp_path, dsn, clock)
     yield store
     store.close()
 
 
-def test_claims_split_lines_lapse_and_come_back(batch_store: Any, tmp_path: Path) -> None:
+def test_claims_split_lines_lapse_and_come_back(batch_store: Any, clock: Clock, tmp_path: Path) -> None:
     """Two owners never hold one line; a lapsed claim is taken over; release gives lines back at once; a
     finished line is never claimed again; contents read back chunk by chunk."""
     from gateway.batches.lines import check, valid_lines
@@ -325,7 +340,9 @@ def test_claims_split_lines_lapse_and_come_back(batch_store: Any, tmp_path: Path
     again = s.claim(batch.id, three, 10, 0.2)
     assert {n for n, _ in again} == {n for n, _ in second} | ({n for n in range(1, 11)} - {n for n, _ in first}
                                                                - {n for n, _ in second})
-    time.sleep(0.3)  # the third owner's lease lapses (it died)
+    clock.now += 0.1
+    assert s.claim(batch.id, four, 10, 60) == [], "the third owner's lease still holds its lines"
+    clock.now += 0.2  # the third owner's lease lapses (it died)
     assert {n for n, _ in s.claim(batch.id, four, 10, 60)} == {n for n, _ in again}
     assert s.unfinished(batch.id) == 9
 

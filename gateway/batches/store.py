@@ -131,7 +131,10 @@ class BatchStore(abc.ABC):
     # the driver's errors that mean "unreachable or busy now", not a bug: the API answers them with a 503
     unavailable: tuple[type[Exception], ...] = (sqlite3.OperationalError,)
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, clock: Callable[[], float] = time.time) -> None:
+        """``clock``: the wall clock every stamp and lease is read from (the wall clock, not a monotonic one:
+        leases are compared across processes and replicas); a test moves it by hand to lapse a lease."""
+        self.clock = clock
         self.files_dir = data_dir / "files"  # uploads are staged here (and, in SQLite's store, kept)
         self.files_dir.mkdir(parents=True, exist_ok=True)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="tollgate-batches")
@@ -202,7 +205,7 @@ class BatchStore(abc.ABC):
             size = self._adopt(file_id, source)
         else:
             size = self._put_content(file_id, (line + b"\n" for line in lines))
-        record = FileRecord(file_id, tenant, purpose, filename, size, int(time.time()))
+        record = FileRecord(file_id, tenant, purpose, filename, size, int(self.clock()))
         self._run("INSERT INTO batch_files VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
                   "bytes = excluded.bytes", (record.id, record.tenant, record.purpose, record.filename,
                                              record.bytes, record.created_at))
@@ -249,7 +252,7 @@ class BatchStore(abc.ABC):
 
     def create_batch(self, tenant: str, endpoint: str, input_file_id: str, window: str,
                      metadata: dict[str, str] | None) -> BatchRecord:
-        now = int(time.time())
+        now = int(self.clock())
         batch_id = new_id("batch_")
         self._run(
             "INSERT INTO batches (id, tenant, endpoint, input_file_id, completion_window, status, created_at, "
@@ -289,7 +292,7 @@ class BatchStore(abc.ABC):
 
     def set_status(self, batch_id: str, status: str, only_from: tuple[str, ...] = ACTIVE, **fields: Any) -> bool:
         """Move a batch to ``status`` (stamping its time) if it is in one of ``only_from``; False if not."""
-        values = {STAMPS[status]: int(time.time())} if status in STAMPS else {}
+        values = {STAMPS[status]: int(self.clock())} if status in STAMPS else {}
         values |= fields
         sets = ", ".join(["status = ?", *(f"{k} = ?" for k in values)])
         marks = ",".join("?" * len(only_from))
@@ -304,7 +307,7 @@ class BatchStore(abc.ABC):
         """Take the batch's validation for ``owner`` (None while another process's lease on it is live), count
         one more try, and clear the lines an interrupted try left. Returns the tries so far: a file that
         crashed the process while it was validated is not tried forever."""
-        now = time.time()
+        now = self.clock()
         with self._transaction():
             row = self._run("SELECT validated_by, validated_until, validation_tries FROM batches WHERE id = ?",
                             (batch_id,)).fetchone()
@@ -353,7 +356,7 @@ class BatchStore(abc.ABC):
 
     def claim(self, batch_id: str, owner: str, most: int, lease_s: float) -> list[tuple[int, str]]:
         """Claim up to ``most`` unfinished lines no live claim holds, for ``owner``, in file order."""
-        now = time.time()
+        now = self.clock()
         with self._transaction():
             rows = self._run(
                 "SELECT line_no, custom_id FROM batch_lines WHERE batch_id = ? AND done = 0 AND "
@@ -368,7 +371,7 @@ class BatchStore(abc.ABC):
     def renew(self, owner: str, lease_s: float) -> int:
         """Extend every unfinished line ``owner`` holds; return how many."""
         return int(self._run("UPDATE batch_lines SET claimed_until = ? WHERE claimed_by = ? AND done = 0",
-                             (time.time() + lease_s, owner)).rowcount)
+                             (self.clock() + lease_s, owner)).rowcount)
 
     def release(self, owner: str) -> None:
         """Give back every unfinished line ``owner`` holds (a clean stop: others take them at once)."""
@@ -426,8 +429,8 @@ class BatchStore(abc.ABC):
 class SqliteBatchStore(BatchStore):
     """Rows in ``<data_dir>/batches.sqlite3``, file contents under ``<data_dir>/files``."""
 
-    def __init__(self, data_dir: Path) -> None:
-        super().__init__(data_dir)
+    def __init__(self, data_dir: Path, clock: Callable[[], float] = time.time) -> None:
+        super().__init__(data_dir, clock)
         self._path = data_dir / "batches.sqlite3"
 
     @property
@@ -513,10 +516,10 @@ class PostgresBatchStore(BatchStore):
 
     mark = "%s"
 
-    def __init__(self, data_dir: Path, dsn: str) -> None:
+    def __init__(self, data_dir: Path, dsn: str, clock: Callable[[], float] = time.time) -> None:
         import psycopg
 
-        super().__init__(data_dir)
+        super().__init__(data_dir, clock)
         self.dsn = dsn
         self.unavailable = (psycopg.OperationalError,)
 
@@ -574,9 +577,9 @@ class PostgresBatchStore(BatchStore):
 
 
 
-def open_batch_store(data_dir: Path, postgres_dsn: str | None) -> BatchStore:
+def open_batch_store(data_dir: Path, postgres_dsn: str | None, clock: Callable[[], float] = time.time) -> BatchStore:
     """PostgreSQL when replicas share state (``state.postgres_dsn``), else the data directory."""
-    return PostgresBatchStore(data_dir, postgres_dsn) if postgres_dsn else SqliteBatchStore(data_dir)
+    return PostgresBatchStore(data_dir, postgres_dsn, clock) if postgres_dsn else SqliteBatchStore(data_dir, clock)
 
 
 def _dict(row: Any) -> dict[str, Any]:
