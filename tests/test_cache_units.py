@@ -138,10 +138,10 @@ def test_index_scopes_removal_and_hnsw_switch() -> None:
     assert all(entry_id != "e10" for entry_id, _ in index.search("s1", _vec(10)))
 
 
-def _entry(tenant: str = "acme", question: str = "q", ttl: float = 60) -> Entry:
+def _entry(tenant: str = "acme", question: str = "q", ttl: float = 60, now: float | None = None) -> Entry:
     return Entry(tenant=tenant, model="m", endpoint="chat", scope="s", exact=f"x-{question}", question=question,
                  answer="a", finish_reason="stop", prompt_tokens=3, completion_tokens=2, max_tokens=10,
-                 expires=time.time() + ttl, vector=_vec(len(question)))
+                 expires=(time.time() if now is None else now) + ttl, vector=_vec(len(question)))
 
 
 def _state(url: str) -> SharedState:
@@ -149,21 +149,37 @@ def _state(url: str) -> SharedState:
     return SharedState(StatePolicy(redis_url=url))
 
 
+class Clock:
+    """The cache store's wall clock, moved by hand: an entry expires when the test says, not after a sleep."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
 @pytest.fixture(params=["memory", "redis"])
-def store(request: pytest.FixtureRequest) -> Any:
+def store(request: pytest.FixtureRequest, clock: Clock) -> Any:
     if request.param == "memory":
-        return MemoryStore()
+        return MemoryStore(clock)
     redis.Redis(db=15).flushdb()
-    return RedisStore(_state("redis://127.0.0.1:6379/15"))
+    return RedisStore(_state("redis://127.0.0.1:6379/15"), clock)
 
 
-def test_store_lru_ttl_exact_and_events(store: Any) -> None:
+def test_store_lru_ttl_exact_and_events(store: Any, clock: Clock) -> None:
     async def main() -> None:
         cursor = await store.last_event_id() if isinstance(store, RedisStore) else "0-0"
         two = CachePolicy(max_entries_per_tenant=2)
-        first, second, third = _entry(question="one"), _entry(question="two"), _entry(question="three")
+        first, second, third = (_entry(question=q, now=clock.now) for q in ("one", "two", "three"))
         assert await store.put(first, two) == []
         assert await store.put(second, two) == []
+        clock.now += 1
         await store.touch(first)  # first is now the most recently used
         assert await store.put(third, two) == [second.id], "LRU eviction per tenant"
         assert (await store.get_exact("x-one")).answer == "a"
@@ -171,9 +187,13 @@ def test_store_lru_ttl_exact_and_events(store: Any) -> None:
         assert await store.put(_entry(tenant="other", question="four"), two) == [], "limits are per tenant"
         stored = await store.get(first.id)
         assert stored is not None and np.allclose(stored.vector, first.vector)
-        short = _entry(question="brief", ttl=0.5)
+        short = _entry(question="brief", ttl=0.5, now=clock.now)
         await store.put(short, CachePolicy())
-        await asyncio.sleep(1.2)
+        assert (await store.get(short.id)) is not None, "alive until its expiry"
+        if isinstance(store, RedisStore):  # Redis drops it itself: after the shortest TTL it takes, one second
+            for key in (store._key(short.id), f"{store.prefix}x:{short.exact}"):
+                assert 0 < await store.redis.pttl(key) <= 1000
+        clock.now += 0.5
         assert await store.get(short.id) is None, "expired"
         assert sorted(await store.select("acme", None)) == sorted([first.id, third.id])
         if isinstance(store, RedisStore):

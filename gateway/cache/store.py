@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -95,7 +95,9 @@ class MemoryStore:
 
     shared = False
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        """``clock``: the wall clock entries expire by (``Entry.expires`` is epoch seconds)."""
+        self.clock = clock
         self.entries: dict[str, Entry] = {}
         self.exact: dict[str, str] = {}
         self.footprint = Footprint()
@@ -106,7 +108,7 @@ class MemoryStore:
 
     async def get(self, entry_id: str) -> Entry | None:
         entry = self.entries.get(entry_id)
-        if entry is not None and not entry.alive():
+        if entry is not None and not entry.alive(self.clock()):
             await self.delete([entry_id])
             return None
         return entry
@@ -163,9 +165,11 @@ class RedisStore:
     shared = True
     held = 0  # entries live in Redis; what a replica keeps of them is its index (SemanticCache)
 
-    def __init__(self, state: SharedState) -> None:
-        """On the process's one Redis client, under its namespace."""
+    def __init__(self, state: SharedState, clock: Callable[[], float] = time.time) -> None:
+        """On the process's one Redis client, under its namespace. ``clock``: the wall clock entries expire by
+        and the LRU orders them by (Redis drops an entry itself at its TTL, set from this clock at ``put``)."""
         assert state.redis is not None
+        self.clock = clock
         self.redis = state.redis
         self._errors = state.errors
         self.prefix = state.prefix + "cache:"
@@ -187,20 +191,21 @@ class RedisStore:
         if not data:
             return None
         entry = Entry.from_redis(data)
-        return entry if entry.alive() else None
+        return entry if entry.alive(self.clock()) else None
 
     async def get_exact(self, exact: str) -> Entry | None:
         entry_id = await self._call(self.redis.get(f"{self.prefix}x:{exact}"))
         return await self.get(entry_id.decode()) if entry_id else None
 
     async def put(self, entry: Entry, spec: CachePolicy) -> list[str]:
-        ttl = max(1, int(entry.expires - time.time()))
+        now = self.clock()
+        ttl = max(1, int(entry.expires - now))  # whole seconds, at least one: what EXPIRE takes
         lru = f"{self.prefix}lru:{entry.tenant}"
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(self._key(entry.id), mapping=entry.to_redis())
         pipe.expire(self._key(entry.id), ttl)
         pipe.set(f"{self.prefix}x:{entry.exact}", entry.id, ex=ttl, get=True)
-        pipe.zadd(lru, {entry.id: time.time()})
+        pipe.zadd(lru, {entry.id: now})
         pipe.xadd(self.stream, {"op": "put", "id": entry.id}, maxlen=100_000, approximate=True)
         pipe.zcard(lru)
         results = await self._call(pipe.execute())
@@ -215,7 +220,7 @@ class RedisStore:
         return evicted
 
     async def touch(self, entry: Entry) -> None:
-        await self._call(self.redis.zadd(f"{self.prefix}lru:{entry.tenant}", {entry.id: time.time()}, xx=True))
+        await self._call(self.redis.zadd(f"{self.prefix}lru:{entry.tenant}", {entry.id: self.clock()}, xx=True))
 
     async def delete(self, ids: list[str]) -> int:
         """Remove entries; returns how many existed."""
@@ -253,7 +258,7 @@ class RedisStore:
                 data = await self.redis.hgetall(key)
                 if data:
                     entry = Entry.from_redis(data)
-                    if entry.alive():
+                    if entry.alive(self.clock()):
                         yield entry
         except self._errors as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
