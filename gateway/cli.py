@@ -90,7 +90,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if args.processes:  # one process of `--workers N`, started by the supervisor
         _serve(policy, args.host, args.port, Path(args.data_dir), share=Share(args.process_index, args.processes))
         return
-    if args.workers <= 1:
+    if args.gateway_processes <= 1:
         _serve(policy, args.host, args.port, Path(args.data_dir))
         return
     from gateway.policy.loader import PolicyError, load_file
@@ -102,10 +102,10 @@ def cmd_serve(args: argparse.Namespace) -> None:
         sys.exit(f"tollgate: {policy} is not a valid policy:\n{exc}")
     if problems:
         sys.exit("tollgate: --workers {} cannot share this policy's state:\n  {}".format(
-            args.workers, "\n  ".join(problems)))
+            args.gateway_processes, "\n  ".join(problems)))
     Path(args.data_dir).mkdir(parents=True, exist_ok=True)
     sys.exit(supervise([sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--host", args.host,
-                        "--port", str(args.port), "--data-dir", args.data_dir], args.workers))
+                        "--port", str(args.port), "--data-dir", args.data_dir], args.gateway_processes))
 
 
 def local_workers(policy_path: Path) -> list[tuple[int, list[tuple[str, str]]]]:
@@ -312,7 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--policy", default=DEFAULT_POLICY)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--workers", type=int, default=1, help="gateway processes on this port (SO_REUSEPORT)")
+    serve.add_argument("--workers", dest="gateway_processes", metavar="N", type=int, default=1,
+                       help="how many gateway processes serve this port (SO_REUSEPORT); the gateway's own "
+                            "processes, not vLLM workers")
     serve.add_argument("--process-index", type=int, default=0, help=argparse.SUPPRESS)
     serve.add_argument("--processes", type=int, default=0, help=argparse.SUPPRESS)
     serve.add_argument("--data-dir", default=os.environ.get("TOLLGATE_DATA_DIR", DEFAULT_DATA_DIR),

@@ -1,4 +1,5 @@
-"""`tollgate serve --workers N`: N gateway processes on one port.
+"""`tollgate serve --workers N`: N gateway processes on one port (the flag's name is uvicorn's and gunicorn's;
+what it starts are the gateway's own processes, never vLLM workers, which are "workers" everywhere else).
 
 Each process binds the port itself with SO_REUSEPORT, so the kernel spreads new connections over them (no
 accept lock, no hand-off through a parent). A small supervisor starts the processes, passes SIGTERM/SIGINT on
