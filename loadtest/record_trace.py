@@ -4,7 +4,7 @@ Two small simulated workers (8 sequences, 100 KV blocks each) behind the gateway
 tenants, and open-loop streaming load in phases: light, overload (KV cache full, a queue), busy within every
 bar, light, a short blip, then nothing. Every ``--every`` seconds the gateway's own view is read from
 GET /admin/scale (the signals its Autoscaler fed to the rules, and what it decided) and written as a CSV row.
-tests/test_scaling.py replays the recorded signals through the rules; the default phases take 36 minutes,
+tests/inprocess/ops/test_scaling.py replays the recorded signals through the rules; the default phases take 36 minutes,
 most of it the idle tail the scale-in rule needs (10 quiet minutes, twice).
 """
 

@@ -29,22 +29,18 @@ __all__ = ["ADMIN_TOKEN", "BATCH_KEY", "DEMO_KEY", "FINANCE_TOKEN", "PREMIUM_KEY
 REDIS_URL = "redis://127.0.0.1:6379/0"  # the machine's Redis (CI starts one when none answers)
 
 
-# The in-process layer: modules whose tests start no process (Redis and loopback sockets inside the test's own
-# process are fine). `make unit` runs just these, in well under 30 s; tests/test_structure.py holds the list to
-# that promise.
-IN_PROCESS = frozenset({
-    "test_cache_service", "test_cache_units", "test_edge", "test_money", "test_openai_api", "test_pipeline",
-    "test_routing", "test_scaling", "test_scheduling", "test_sim_engine", "test_sse", "test_state",
-    "test_structure", "test_batch_lines", "test_affinity", "test_tracing", "test_http1", "test_http1_rules",
-    "test_relay",
-})
+# Where a test stands says what it starts: tests/inprocess/ (mirroring gateway/ and workers/) starts no process
+# (Redis, PostgreSQL and loopback sockets inside the test's own process are fine) and is `make unit`;
+# tests/process/ starts simulated workers, gateways and tools; tests/vllm/ starts real vLLM on the CPU.
+# tests/inprocess/test_structure.py holds the in-process layer to that.
+IN_PROCESS = "tests.inprocess."
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         quality = item.get_closest_marker("quality") is not None  # the real model over hundreds of pairs
         name = item.module.__name__ if item.module is not None else ""
-        if (name.startswith("tests.inprocess.") or name.rpartition(".")[2] in IN_PROCESS) and not quality:
+        if name.startswith(IN_PROCESS) and not quality:
             item.add_marker(pytest.mark.inprocess)
 
 

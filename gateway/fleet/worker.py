@@ -8,7 +8,7 @@
 - ``agreed``: what the gateway processes of every replica agreed about it; written by
   ``gateway.state.replicas.Replicas.agree``.
 
-``tests/test_structure.py`` holds each part to its writer.
+``tests/inprocess/test_structure.py`` holds each part to its writer.
 """
 
 from __future__ import annotations

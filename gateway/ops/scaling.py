@@ -9,7 +9,7 @@ at a time, within [min_workers, max_workers].
 
 The gateway only says the number (``tollgate_scale_desired_workers`` and GET /admin/scale); KEDA or any
 autoscaler does the scaling (deploy/kubernetes/keda.yaml). ``ScaleRules`` is a pure state machine with the
-time passed in, so a recorded trace can be replayed through it (tests/test_scaling.py).
+time passed in, so a recorded trace can be replayed through it (tests/inprocess/ops/test_scaling.py).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ answer, caps on what an answer may hold, and errors that say which phase failed.
 (``python -m loadtest.bench_transports``, loadtest/RESULTS.md): per request it costs 0.6x pyreqwest's CPU and a
 quarter of aiosonic's and aiohttp's; per 64-token stream it is within 16% of pyreqwest's (dearer at c=1-16,
 cheaper at c=64) and 25-30% under aiosonic's and aiohttp's, so it stays, held to the rules below by
-tests/test_http1_rules.py.
+tests/inprocess/transport/test_http1_rules.py.
 
 The framing is llhttp's (through httptools: Content-Length against Transfer-Encoding, chunk sizes, a length
 given twice); the state machine around it keeps RFC 9112's rules for a client, as h11's does, because a

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import socket
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ def no_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """A refusal must come before any process starts (and `up` must not keep this process's SIGTERM handler)."""
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError(f"a process was started: {args}")
-    monkeypatch.setattr(subprocess, "Popen", refuse)
+    monkeypatch.setattr("subprocess.Popen", refuse)  # patched by name: this module starts nothing
     monkeypatch.setattr(signal, "signal", lambda *args: None)
 
 

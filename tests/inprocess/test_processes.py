@@ -1,6 +1,6 @@
 """`tollgate serve --workers N`'s parts that run in this process: which policies N processes could not keep right,
 and the socket each process binds the one port with. (The supervisor itself starts processes: it is
-tests/test_workers.py's, not this layer's.)"""
+tests/process/test_workers.py's, not this layer's.)"""
 
 from __future__ import annotations
 

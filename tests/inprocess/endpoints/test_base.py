@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.endpoints import BY_NAME, BY_PATH, CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, RETRIEVE
+from gateway.endpoints.base import Endpoint
 from gateway.policy.schema import CachePolicy
 
 
@@ -17,6 +18,7 @@ def test_names_paths_and_operations_are_the_ones_records_and_workers_know() -> N
     assert [e.model_kind for e in (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)] == ["generate"] * 2 + ["embed",
                                                                                                      "generate"]
     assert [e for e in BY_NAME.values() if e.homed] == [RESPONSES]
+    assert all(isinstance(e, Endpoint) for e in BY_NAME.values()) and type(RETRIEVE) is Endpoint
 
 
 def test_an_api_that_overrides_nothing_is_neither_cached_nor_streamed() -> None:

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from gateway import sse
-from gateway.endpoints import CHAT
+from gateway.endpoints.chat import CHAT
 from gateway.errors import InvalidRequest
 from gateway.policy.schema import CachePolicy
 

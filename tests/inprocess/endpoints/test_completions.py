@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.endpoints import COMPLETIONS
+from gateway.endpoints.completions import COMPLETIONS
 from gateway.errors import InvalidRequest
 from gateway.policy.schema import CachePolicy
 

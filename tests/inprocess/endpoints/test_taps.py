@@ -4,6 +4,7 @@ asked (usage on each only if it asked, the final usage event only if it asked)."
 from __future__ import annotations
 
 from gateway.endpoints import CHAT, COMPLETIONS
+from gateway.endpoints.taps import UsageTap
 from gateway.upstream.relay import Relayed
 
 TOKEN = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"a"}}],"usage":{"prompt_tokens":3,' \
@@ -33,3 +34,8 @@ def test_a_chunk_without_usage_is_counted_and_passed_as_it_is() -> None:
     relayed = Relayed()
     assert CHAT.tap(relayed, False, False)(BARE + BARE) == BARE + BARE
     assert relayed.events == 2 and relayed.usage is None
+
+
+def test_chat_and_completions_share_the_one_usage_tap() -> None:
+    """Both generation APIs stream the same chunk shape, so one tap reads both (a second copy could drift)."""
+    assert type(CHAT.tap(Relayed(), False, False)) is type(COMPLETIONS.tap(Relayed(), False, False)) is UsageTap

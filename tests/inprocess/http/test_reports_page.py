@@ -1,6 +1,6 @@
 """The finance page in-process: the period a query asks for (and what it falls back to), the page behind its
 sign-in, nothing from a request or an alert rendered as markup, and the daily chart's bars to scale. (The page
-in a browser, its numbers against the API, is tests/test_finance_page.py.)"""
+in a browser, its numbers against the API, is tests/process/test_finance_page.py.)"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`tollgate diagnose`'s judgements from metric pages written here (the staged faults against real processes are
-tests/test_diagnose.py): keep-alive from connections per request, the slowest stage from the stage histograms,
+tests/process/test_diagnose.py): keep-alive from connections per request, the slowest stage from the stage histograms,
 event-loop lag from this run's bucket deltas only, the report led by its first problem; and a probe timing each
 content event of a stream from a scripted worker."""
 

@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from gateway.transport.http1 import BadResponse, Caps, Client, DeadlineExceeded, TooLarge
-from tests.test_http1 import answer, in_loop, read_request, server
+from tests.inprocess.transport.test_http1 import answer, in_loop, read_request, server
 
 
 def client(caps: Caps | None = None) -> Client:

@@ -1,5 +1,5 @@
 """OpenTelemetry traces in-process: the W3C header, sampling, the span tree and the configuration
-(tests/test_tracing_otlp.py exports them from a gateway process to real receivers)."""
+(tests/process/test_tracing_otlp.py exports them from a gateway process to real receivers)."""
 
 from __future__ import annotations
 

@@ -132,7 +132,7 @@ def test_a_key_given_twice_is_refused_by_policy_check_and_by_the_admin_api(
         tmp_path: Path, start_gateway: Callable[..., Proc]) -> None:
     """An admin's second ``tier:`` line once moved a tenant to premium: now both lines are named, and nothing
     changes."""
-    from tests.test_policy_yaml import with_second_tier
+    from tests.inprocess.policy.test_loader import with_second_tier
 
     policy = policy_dict(["http://127.0.0.1:9"])
     text, first, second = with_second_tier(yaml.safe_dump(policy))

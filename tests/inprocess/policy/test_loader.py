@@ -13,7 +13,7 @@ import yaml
 from gateway.policy import loader
 from gateway.policy.loader import PolicyError, PolicyStore, load_yaml, parse_policy
 
-DEFAULT = Path(__file__).resolve().parents[1] / "policies" / "default.yaml"
+DEFAULT = Path(__file__).resolve().parents[3] / "policies" / "default.yaml"
 
 
 def bomb(depth: int) -> str:

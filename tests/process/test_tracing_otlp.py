@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import DEMO_KEY, policy_dict, wait_for
-from tests.test_tracing import CALLER_SPAN, CALLER_TRACE
+from tests.inprocess.ops.test_tracing import CALLER_SPAN, CALLER_TRACE
 from workers.process import free_port
 
 

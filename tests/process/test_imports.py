@@ -15,7 +15,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Each layer may import only from layers after it (lower down). Modules not named sit in "steps".
 LAYERS: list[set[str]] = [
     {"gateway.__main__", "gateway.cli"},

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GATEWAY = ROOT / "gateway"
 
 # RequestContext field -> the one module that writes it (after construction)
@@ -118,20 +118,68 @@ def test_the_checks_see_a_second_writer() -> None:
     assert kinds == {("ctx", "model"), ("observed", "healthy"), ("timings", "tpot")}
 
 
+IN_PROCESS = ROOT / "tests" / "inprocess"
+STARTERS = ("loadtest.procs", "subprocess", "multiprocessing", "tests.conftest.start")
+
+
+def process_starters(tree: ast.AST) -> list[str]:
+    """What in a test module starts a process: an import of a process starter, or a fixture that starts one."""
+    found = []
+    for node in ast.walk(tree):
+        imported = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        found += [f"imports {m}" for m in imported if m.startswith(STARTERS)]
+        if isinstance(node, ast.arg) and node.arg in ("start_sim", "start_gateway", "vllm_server"):
+            found.append(f"takes the {node.arg} fixture")
+    return found
+
+
 def test_the_in_process_layer_starts_no_process() -> None:
-    """The modules `make unit` runs import nothing that starts a process."""
-    from tests.conftest import IN_PROCESS
-    starters = ("loadtest.procs", "subprocess", "multiprocessing", "tests.conftest.start")
-    wrong = []
-    for name in sorted(IN_PROCESS):
-        path = ROOT / "tests" / f"{name}.py"
-        if not path.exists():
-            wrong.append(f"{name}: no such test module")
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            imported = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            wrong += [f"{name} imports {m}" for m in imported if m.startswith(starters)]
-            if isinstance(node, ast.arg) and node.arg in ("start_sim", "start_gateway", "vllm_server"):
-                wrong.append(f"{name} takes the {node.arg} fixture")
+    """The tests `make unit` runs (everything under tests/inprocess) import nothing that starts a process; the
+    positive control is a module that does."""
+    wrong = [f"{path.relative_to(ROOT)} {why}" for path in sorted(IN_PROCESS.rglob("*.py"))
+             for why in process_starters(ast.parse(path.read_text()))]
     assert wrong == []
+    assert process_starters(ast.parse("import subprocess\ndef test(start_sim): ...\n")) == [
+        "imports subprocess", "takes the start_sim fixture"]
+
+
+def test_every_test_stands_in_its_layer() -> None:
+    """A test module stands in tests/inprocess, tests/process or tests/vllm: where it stands says what it starts
+    (tests/conftest.py marks the in-process layer by that alone)."""
+    loose = [p.name for p in (ROOT / "tests").glob("test_*.py")]
+    assert loose == []
+
+
+def imported_modules(tree: ast.AST) -> set[str]:
+    """Every gateway module a test module imports (``from gateway.x import y`` imports gateway.x.y when y is a
+    module, and every package above it)."""
+    named: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            named.add(node.module)
+            named.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            named.update(a.name for a in node.names)
+    return {".".join(m.split(".")[:i]) for m in named for i in range(1, m.count(".") + 2)}
+
+
+def gateway_modules() -> set[str]:
+    names = set()
+    for path in (ROOT / "gateway").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        names.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def test_every_gateway_module_is_imported_by_an_in_process_test() -> None:
+    """Each module under gateway/ has an in-process test that imports it (a package, when a module under it is
+    imported), so `make unit` reaches every room of the house; the positive control finds a module no test
+    imports."""
+    seen: set[str] = set()
+    for path in IN_PROCESS.rglob("test_*.py"):
+        seen |= imported_modules(ast.parse(path.read_text()))
+    assert sorted(gateway_modules() - seen) == []
+    assert imported_modules(ast.parse("from gateway.cache import keys\n")) >= {"gateway", "gateway.cache",
+                                                                              "gateway.cache.keys"}
+    assert "gateway.cache.lexicon" not in imported_modules(ast.parse("from gateway.cache import keys\n"))

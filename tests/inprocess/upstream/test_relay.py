@@ -18,7 +18,7 @@ from gateway.transport.http1 import Client
 from gateway.upstream.relay import CAPTURE_PER_ENTRY, Relayed, relay_stream, usage_of
 from tests.conftest import policy_dict
 from tests.fakes import chunk, usage_event
-from tests.test_http1 import in_loop, read_request, server
+from tests.inprocess.transport.test_http1 import in_loop, read_request, server
 
 USAGE = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9, "prompt_tokens_details": {"cached_tokens": 3}}
 

@@ -1,0 +1,1 @@
+"""The Batch API's lines and store, in-process."""

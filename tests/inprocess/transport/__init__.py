@@ -1,0 +1,1 @@
+"""The HTTP/1.1 client to the workers, in-process."""

@@ -1,0 +1,1 @@
+"""The simulated worker's engine, in-process."""

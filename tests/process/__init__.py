@@ -1,0 +1,1 @@
+"""Real processes over loopback: simulated workers, the gateway, Redis, PostgreSQL, the clients."""

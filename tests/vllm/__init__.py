@@ -1,0 +1,1 @@
+"""Real vLLM engines on CPU behind the gateway."""
