@@ -1,4 +1,4 @@
-"""Per-request state: built at the edge, filled in by each pipeline step, closed by accounting.finish().
+"""Per-request state: built at the edge, filled in by each pipeline step, closed by accounting.Finish.
 
 Each field has one writer (named beside it), so a reader knows where a value came from. No I/O here.
 """
@@ -58,7 +58,7 @@ class Timings:
     upstream_connect: float | None = None  # upstream.dispatch
     ttft: float | None = None  # first_byte()
     tpot: float | None = None  # pipeline (from the relay's token timing)
-    total: float | None = None  # accounting.finish
+    total: float | None = None  # accounting (Finish)
 
     def first_byte(self) -> None:
         """Stamp TTFT: called by whatever produces the answer's first byte (the relay or a cache hit)."""
@@ -102,8 +102,8 @@ class RequestContext:
     usage_estimated: bool = False  # pipeline.run: the worker took it but sent no usage; tokens are estimates
     reservation: object | None = None  # spend.service (Spend.admit): the budget reservation to settle
     charge: object | None = None  # pipeline.run: what the rate limiter charged (ratelimit.Charge), to settle
-    cost_usd: float = 0.0  # accounting.finish
-    price_version: str | None = None  # accounting.finish
+    cost_usd: float = 0.0  # accounting (Finish)
+    price_version: str | None = None  # accounting (Finish)
     error: str | None = None  # pipeline.fail: the outcome's code
     trace: Trace | None = None  # http.app: the request's place in a trace (ops.tracing), if traced
     answered_by: str | None = None  # pipeline.run: the model that answered, when a fallback did

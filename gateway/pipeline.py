@@ -1,10 +1,10 @@
-"""The completions pipeline: prepare -> decide -> spend -> admit -> exchange, as plain async steps with no ASGI.
+"""The pipeline, for every endpoint: prepare -> decide -> spend -> admit -> exchange, as plain async steps, no ASGI.
 
 Every request, from the HTTP edge or a batch line, lives inside one ``Lifecycle``: the edge authenticates and
 reads the body inside it, a batch runner enters it with a line's body, and both call ``run`` with their sink.
 Each step reads the request context and adds to it; none calls back up. A step that will not go on raises a
 ``gateway.errors`` outcome; the lifecycle ends it in ``fail`` (which records ``ctx.error`` and lets the sink
-answer it) and closes every request the same way, in ``accounting.finish``.
+answer it) and closes every request the same way, in the runtime's ``finish`` (``accounting.Finish``).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Lifecycle:
     An outcome raised inside is answered through the sink (``fail``); anything else is logged and answered as
     an internal error; a cancellation (a batch stopped, the server shutting down) passes through. On every
     exit the request's status is what the client got (499 if it left, or got nothing) and the request is
-    closed once, by ``accounting.finish``. (A class, not @asynccontextmanager: it runs once per request.)"""
+    closed once, by ``gw.finish``. (A class, not @asynccontextmanager: it runs once per request.)"""
 
     __slots__ = ("ctx", "gw", "sink")
 

@@ -41,7 +41,7 @@ class LedgerWriter:
 
     def append(self, draft: Draft) -> None:
         """From the event loop: no I/O, no lock (deque appends are atomic). The record comes priced (by
-        accounting.finish, on the loop); only its time is formatted on the writer's thread. Only the first record
+        accounting.Finish, on the loop); only its time is formatted on the writer's thread. Only the first record
         after a flush wakes the thread (waking it every 100 ms regardless was a third of an idle gateway's CPU)."""
         if not self._pending:
             self._wake.set()

@@ -238,7 +238,7 @@ def test_an_unexpected_exception_ends_as_a_500_and_is_still_accounted() -> None:
             async with pipeline.Lifecycle(gw, ctx, sink):
                 raise KeyError("a bug")
             assert sink.status == 500 and ctx.status == 500 and ctx.error == "internal_error"
-            assert ctx.timings.total is not None, "accounting.finish closed it"
+            assert ctx.timings.total is not None, "the finish observers closed it"
             assert orjson.loads(sink.body)["error"]["type"] == "server_error"
     asyncio.run(main())
 
