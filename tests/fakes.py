@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -170,3 +171,14 @@ def inflight(gw: Gateway) -> int:
 def chat(stream: bool = False, **extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8,
             "stream": stream, **extra}
+
+
+class HandClock:
+    """A wall clock moved by hand (``clock.now += 0.3``), for code that takes ``clock=``: what expires or lapses
+    does so when the test says, not after a sleep."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now

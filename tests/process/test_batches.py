@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from tests.conftest import DEMO_KEY, FINANCE_TOKEN, PREMIUM_KEY, Proc, policy_dict, wait_for
+from tests.fakes import HandClock
 
 MODEL = "sim-llama-8b"
 FINAL = ("completed", "failed", "expired", "cancelled")
@@ -288,23 +289,14 @@ def test_replicas_on_postgres_share_a_batch_and_a_killed_one_loses_no_line(
     assert len(counts) >= 90 - 3, "every line recorded but those the killed replica finished as it died"
 
 
-class Clock:
-    """The batch store's wall clock, moved by hand: a lease lapses when the test says, not after a sleep."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> HandClock:
+    """The store's wall clock, moved by hand: a lease lapses when the test says, not after a sleep."""
+    return HandClock()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def batch_store(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Any:
+def batch_store(request: pytest.FixtureRequest, tmp_path: Path, clock: HandClock) -> Any:
     from gateway.batches.store import open_batch_store
 
     dsn = request.getfixturevalue("pg_dsn") if request.param == "postgres" else None
@@ -313,7 +305,7 @@ def batch_store(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) ->
     store.close()
 
 
-def test_claims_split_lines_lapse_and_come_back(batch_store: Any, clock: Clock, tmp_path: Path) -> None:
+def test_claims_split_lines_lapse_and_come_back(batch_store: Any, clock: HandClock, tmp_path: Path) -> None:
     """Two owners never hold one line; a lapsed claim is taken over; release gives lines back at once; a
     finished line is never claimed again; contents read back chunk by chunk."""
     from gateway.batches.lines import check, valid_lines

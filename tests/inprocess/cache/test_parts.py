@@ -22,6 +22,7 @@ from gateway.endpoints import CHAT, COMPLETIONS, EMBEDDINGS
 from gateway.policy.loader import TenantView
 from gateway.policy.schema import CachePolicy, StatePolicy
 from gateway.state import SharedState
+from tests.fakes import HandClock
 
 TENANT = TenantView("acme", "standard", None, 512, 4096, "clamp")
 
@@ -149,30 +150,21 @@ def _state(url: str) -> SharedState:
     return SharedState(StatePolicy(redis_url=url))
 
 
-class Clock:
-    """The cache store's wall clock, moved by hand: an entry expires when the test says, not after a sleep."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> HandClock:
+    """The store's wall clock, moved by hand: an entry expires when the test says, not after a sleep."""
+    return HandClock()
 
 
 @pytest.fixture(params=["memory", "redis"])
-def store(request: pytest.FixtureRequest, clock: Clock) -> Any:
+def store(request: pytest.FixtureRequest, clock: HandClock) -> Any:
     if request.param == "memory":
         return MemoryStore(clock)
     redis.Redis(db=15).flushdb()
     return RedisStore(_state("redis://127.0.0.1:6379/15"), clock)
 
 
-def test_store_lru_ttl_exact_and_events(store: Any, clock: Clock) -> None:
+def test_store_lru_ttl_exact_and_events(store: Any, clock: HandClock) -> None:
     async def main() -> None:
         cursor = await store.last_event_id() if isinstance(store, RedisStore) else "0-0"
         two = CachePolicy(max_entries_per_tenant=2)

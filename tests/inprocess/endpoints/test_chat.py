@@ -32,6 +32,11 @@ def asking(*messages: tuple[str, Any], **extra: Any) -> dict[str, Any]:
     (asking(("user", "x"), stream_options={"include_usage": True}), "stream_options"),
     (asking(("user", "x"), top_p=1.5), "top_p"),
     (asking(("user", "x"), seed=True), "seed"),
+    (asking(("user", "x"), temperature=3), "temperature"),
+    (asking(("user", "x"), max_tokens=0), "max_tokens"),
+    (asking(("user", "x"), n=True), "n"),
+    (asking(("user", "x"), stream=True, stream_options=[]), "stream_options"),
+    (asking(("user", "x"), stop=[1]), "stop"),
 ])
 def test_a_refusal_names_the_parameter(body: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidRequest) as caught:

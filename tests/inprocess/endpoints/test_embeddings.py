@@ -26,6 +26,7 @@ def test_inputs_are_counted_by_shape_and_each_is_a_sequence(value: object, count
 @pytest.mark.parametrize("body,param", [
     ({"input": "x"}, "model"),
     ({"model": "e", "input": ["x", 1]}, "input"),
+    ({"model": "e", "input": ""}, "input"),
     ({"model": "e", "input": ["x"] * (MAX_EMBEDDING_INPUTS + 1)}, "input"),
     ({"model": "e", "input": "x", "encoding_format": "hex"}, "encoding_format"),
     ({"model": "e", "input": "x", "dimensions": 0}, "dimensions"),
@@ -35,6 +36,7 @@ def test_a_refusal_names_the_parameter(body: dict[str, Any], param: str) -> None
     with pytest.raises(InvalidRequest) as caught:
         EMBEDDINGS.validate(body)
     assert caught.value.param == param
+    assert EMBEDDINGS.validate({"model": "e", "input": ["x"] * MAX_EMBEDDING_INPUTS}) == "e", "the limit itself"
 
 
 def test_it_serves_embed_models_and_generates_nothing() -> None:

@@ -24,6 +24,7 @@ from gateway.upstream.relay import Relayed
     ({"model": "m", "input": "x", "max_output_tokens": 0}, "max_output_tokens"),
     ({"model": "m", "input": "x", "previous_response_id": 7}, "previous_response_id"),
     ({"model": "m", "input": "x", "store": "yes"}, "store"),
+    ({"model": "m", "input": "x", "stream": "yes"}, "stream"),
     ({"model": "m", "input": "x", "background": True}, "background"),
 ])
 def test_a_refusal_names_the_parameter(body: dict[str, Any], param: str) -> None:
