@@ -18,6 +18,5 @@ from gateway.endpoints.responses import RESPONSES, RETRIEVE
 
 SERVED: tuple[Endpoint, ...] = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)  # the POST APIs (edge and batch lines)
 BY_PATH: dict[str, Endpoint] = {endpoint.path: endpoint for endpoint in SERVED}
-BY_NAME: dict[str, Endpoint] = {endpoint.name: endpoint for endpoint in (*SERVED, RETRIEVE)}
 
-__all__ = ["BY_NAME", "BY_PATH", "CHAT", "COMPLETIONS", "EMBEDDINGS", "RESPONSES", "RETRIEVE", "SERVED", "Endpoint"]
+__all__ = ["BY_PATH", "CHAT", "COMPLETIONS", "EMBEDDINGS", "RESPONSES", "RETRIEVE", "SERVED", "Endpoint"]

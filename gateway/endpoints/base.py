@@ -43,7 +43,7 @@ class Question:
 
 
 class Endpoint:
-    """One API: its ``name`` (what the ledger, metrics, logs and cached entries write), its ``path`` (on the edge,
+    """One API: its ``name`` (what the ledger, the logs and cached entries write), its ``path`` (on the edge,
     in batch files and on the workers), its ``operation`` (the GenAI name a trace gives it), the ``model_kind``
     it serves, and whether its answers are ``homed`` (kept on the worker that made them, so a follow-up must
     find that worker). One module-level object per API: a request holds it, never a copy."""

@@ -1,7 +1,10 @@
 """The prefix index: which worker of a pool recently took which prompt blocks, routing's one piece of state.
 
-It learns after dispatch (``taken``), once the worker's answer head came back and is not retried: a worker that
-refused the connection, or answered a 5xx that went elsewhere, never received the prompt and holds none of it.
+It learns when a worker is sent a request (``taken``), not when its answer comes back: a non-streamed answer's head
+comes only when the whole answer is done, and the next requests with the same system prompt, sent meanwhile, must
+find it there (or each goes by hash to whichever engine has room, and prefills it again). A try that fails (the
+worker refused the connection, or answered a 5xx that is retried elsewhere) withdraws what it taught
+(``refused``): that worker never prefilled the prompt, and the worker the retry reaches is the one that holds it.
 Bounded, least recently used first out; a worker whose engine restarted, as its metrics show, is forgotten.
 """
 
@@ -40,9 +43,18 @@ class PrefixIndex:
         return block in self._where
 
     def taken(self, affinity: Affinity, worker: Worker) -> None:
-        """The after-dispatch hook: ``worker`` took the request and now caches its blocks."""
+        """``worker`` is sent the request: it prefills, and then caches, the prompt's blocks."""
         if affinity.blocks:
             self.remember(affinity.blocks, worker.url)
+
+    def refused(self, affinity: Affinity, worker: Worker) -> None:
+        """The try on ``worker`` failed before it took the request: the blocks it was credited with are no longer
+        placed anywhere (whoever held them before is not known to hold them still)."""
+        where, footprint = self._where, self.footprint
+        for block in affinity.blocks:
+            if where.get(block) == worker.url:
+                del where[block]
+                footprint[worker.url] -= 1
 
     def remember(self, blocks: Sequence[int], url: str) -> None:
         where, footprint = self._where, self.footprint

@@ -2,13 +2,15 @@
 request re-decides its strategy by comparing strings.
 
 - ``prefix``: filters (available now, with room) -> deciders (prefix match, session rendezvous, first-block
-  hash; see ``deciders``) -> the least loaded of those with room -> after dispatch, the index learns the blocks;
+  hash; see ``deciders``) -> the least loaded of those with room -> as the request is sent, the index learns
+  its blocks (and forgets them when that try fails);
 - ``load``: the least loaded of those with room (ties rotate);
 - ``round_robin``: in turn, whatever the load (blind, to compare routings against).
 
 A retry before the first byte goes to the least loaded of the others in every profile; a request pinned to one
 worker (it continues state held there) goes there or nowhere. Routing runs once per request and cost ~10 µs
-(bench_ab): the plug-ins are built here, and a request allocates only its candidate lists and its route.
+(timed alone: loadtest/RESULTS.md): the plug-ins are built here, and a request allocates only its candidate lists
+and its route.
 """
 
 from __future__ import annotations
@@ -27,13 +29,17 @@ from gateway.routing.prefixes import PrefixIndex
 
 
 class AfterDispatch(Protocol):
+    """What learns where requests go: told as each try is sent, and when that try fails."""
+
     def taken(self, affinity: Affinity, worker: Worker) -> None: ...
+
+    def refused(self, affinity: Affinity, worker: Worker) -> None: ...
 
 
 class Router:
     """A pool's routing: where a request's first try goes (``first``), a retry (``retry``), and what the
-    profile learns once a worker took a request (``taken``). ``index``: the pool's prefix index, kept by every
-    profile (it outlives a change of profile, and the admin view reads it)."""
+    profile learns as each try is sent (``taken``) or fails (``refused``). ``index``: the pool's prefix index,
+    kept by every profile (it outlives a change of profile, and the admin view reads it)."""
 
     __slots__ = ("after", "index", "workers")
 
@@ -62,10 +68,16 @@ class Router:
         return filters.pinned(self.workers, url, time.monotonic())
 
     def taken(self, affinity: Affinity | None, worker: Worker) -> None:
-        """The after-dispatch hooks: ``worker`` took the request routed with ``affinity``."""
+        """The after-dispatch hooks: ``worker`` is sent the request routed with ``affinity``."""
         if affinity is not None:
             for hook in self.after:
                 hook.taken(affinity, worker)
+
+    def refused(self, affinity: Affinity | None, worker: Worker) -> None:
+        """The after-dispatch hooks: the try on ``worker`` failed before it took the request."""
+        if affinity is not None:
+            for hook in self.after:
+                hook.refused(affinity, worker)
 
 
 class LoadRouter(Router):
@@ -131,13 +143,3 @@ def decide(deciders: Sequence[Decider], candidates: Candidates, affinity: Affini
             return route
     return Route(least_loaded(candidates.startable), "load", 0, len(affinity.blocks))
 
-
-def choose(workers: Sequence[Worker], available: Collection[Worker], affinity: Affinity,
-           index: PrefixIndex, room: Collection[Worker] = ()) -> Route | None:
-    """The prefix profile's route among ``available`` (a subset of ``workers``, in order), taken at once (the
-    index learns it as the after-dispatch hook would): a replay without a dispatcher routes by it."""
-    if not available:
-        return None
-    route = decide(prefix_deciders(index), Candidates(workers, available, room), affinity)
-    index.taken(affinity, route.worker)
-    return route

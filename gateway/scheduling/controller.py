@@ -111,7 +111,10 @@ class Controller:
         gives back to ``release``, ``with_room`` and ``first_token``. Raise Shed when it is turned away,
         TenantBusy when the tenant has its most in flight, Unavailable when no worker is healthy."""
         assert ctx.tenant is not None
-        state = self.states[pool]
+        state = self.states.get(pool)
+        if state is None:  # a pool the policy no longer has (nothing awaits between its lookup and this, today)
+            raise Unavailable(f"No worker pool serves the model '{ctx.served_model}' right now.",
+                              "upstream_unavailable")
         started = self.clock()
         policy = ctx.snapshot.policy
         self._tenant_take(ctx, policy.server.tenant_max_concurrency)

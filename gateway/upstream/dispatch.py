@@ -1,8 +1,10 @@
 """Send a request to the worker its pool's router picks; retry once elsewhere before the first byte.
 
 A connect error or a 5xx status is retried on another worker, once: nothing has reached the client yet.
-After the response head, nothing is retried (the relay owns the answer from there), and the router learns that
-the worker took the request (its after-dispatch hook: the prefix index remembers the prompt's blocks there).
+After the response head, nothing is retried (the relay owns the answer from there). The router's after-dispatch
+hooks hear of each try as it is sent (the prefix index places the prompt's blocks there at once, so the next
+request with that prefix finds them while a non-streamed answer is still being generated) and of each try that
+failed (which withdraws them: the retry's worker is the one that prefills).
 The worker's in-flight lease covers the whole exchange, relay included, and is given back on every exit.
 """
 
@@ -66,7 +68,10 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: 
         ctx.attempts += 1
         ctx.worker = worker.url
         exclude.add(worker)
+        learns = pinned is None and affinity is not None  # what the router is told of this try
         with pool.lease(worker):
+            if learns:
+                router.taken(affinity, worker)
             sent: list[float] = []
             started = time.perf_counter()
             try:
@@ -75,17 +80,19 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: 
                                                                      sent)
             except UpstreamFailed as exc:
                 failure = exc
+                if learns:
+                    router.refused(affinity, worker)
                 continue
             finally:  # until the request was written (connecting, if it had to), or until the try ended
                 ctx.timings.upstream_connect = (sent[0] if sent else time.perf_counter()) - started
             status = response.status
             if status in RETRYABLE_STATUS and attempt == 0 and router.can_retry(exclude):
                 response.close()
+                if learns:
+                    router.refused(affinity, worker)
                 if status in COOLDOWN_STATUS:
                     cool_down(worker, f"HTTP {status}", pool.spec.cooldown_s)
                 continue
-            if pinned is None:
-                router.taken(affinity, worker)
             try:
                 yield worker, response
             finally:

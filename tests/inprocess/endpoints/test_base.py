@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.endpoints import BY_NAME, BY_PATH, CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, RETRIEVE
+from gateway.endpoints import BY_PATH, CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, RETRIEVE, SERVED
 from gateway.endpoints.base import Endpoint
 from gateway.policy.schema import CachePolicy
 
@@ -14,11 +14,11 @@ def test_names_paths_and_operations_are_the_ones_records_and_workers_know() -> N
     assert {e.name: (e.path, e.operation) for e in BY_PATH.values()} == {
         "chat": ("/v1/chat/completions", "chat"), "completions": ("/v1/completions", "text_completion"),
         "embeddings": ("/v1/embeddings", "embeddings"), "responses": ("/v1/responses", "responses")}
-    assert BY_NAME["responses.retrieve"] is RETRIEVE and RETRIEVE.path not in BY_PATH, "a GET, not a POST route"
+    assert RETRIEVE.name == "responses.retrieve" and RETRIEVE.path not in BY_PATH, "a GET, not a POST route"
     assert [e.model_kind for e in (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)] == ["generate"] * 2 + ["embed",
                                                                                                      "generate"]
-    assert [e for e in BY_NAME.values() if e.homed] == [RESPONSES]
-    assert all(isinstance(e, Endpoint) for e in BY_NAME.values()) and type(RETRIEVE) is Endpoint
+    assert [e for e in (*SERVED, RETRIEVE) if e.homed] == [RESPONSES]
+    assert all(isinstance(e, Endpoint) for e in (*SERVED, RETRIEVE)) and type(RETRIEVE) is Endpoint
 
 
 def test_an_api_that_overrides_nothing_is_neither_cached_nor_streamed() -> None:

@@ -3,13 +3,25 @@ and a conversation go where they hash, the same in every process."""
 
 from __future__ import annotations
 
-from gateway.routing.affinity import of_request
-from gateway.routing.candidates import load_bound
+from collections.abc import Collection, Sequence
+
+from gateway.fleet.worker import Worker
+from gateway.routing.affinity import Affinity, of_request
+from gateway.routing.candidates import Candidates, load_bound
+from gateway.routing.deciders import Route
 from gateway.routing.prefixes import PrefixIndex
-from gateway.routing.profiles import choose
+from gateway.routing.profiles import decide, prefix_deciders
 from tests.fakes import live_worker
 
 SYSTEM = "You are a careful assistant for the billing team. " * 20  # ~1 KB: 16 blocks
+
+
+def choose(workers: Sequence[Worker], available: Collection[Worker], affinity: Affinity, index: PrefixIndex,
+           room: Collection[Worker] = ()) -> Route:
+    """The prefix profile's route among ``available``, and the index told it was sent there (as dispatch does)."""
+    route = decide(prefix_deciders(index), Candidates(workers, available, room), affinity)
+    index.taken(affinity, route.worker)
+    return route
 
 
 def chat(question: str, system: str = SYSTEM, user: str | None = None) -> dict[str, object]:

@@ -1,5 +1,5 @@
-"""The prefix index learns after dispatch: only a worker that took the request (its answer head came back and
-was not retried) is remembered as holding the prompt's blocks."""
+"""The prefix index learns as each try is sent, and forgets what a failed try taught: the worker a request ends on
+is the one named as holding its blocks, from the moment it has the request."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import orjson
 from aiohttp import web
 
 from gateway.context import RequestContext
+from gateway.endpoints import CHAT
 from gateway.routing.affinity import Affinity
 from gateway.routing.prefixes import PrefixIndex
 from gateway.upstream.dispatch import dispatch
@@ -29,7 +30,7 @@ def closed_port_url() -> str:
 async def send(pool: UpstreamPool, gw_snapshot: object, affinity: Affinity | None = PROMPT,
                pinned: str | None = None) -> RequestContext:
     """One dispatch of a chat body through ``pool``, its answer read to the end."""
-    ctx = RequestContext("test-request", gw_snapshot, "chat")  # type: ignore[arg-type]
+    ctx = RequestContext("test-request", gw_snapshot, CHAT)  # type: ignore[arg-type]
     async with dispatch(ctx, pool, PATH, orjson.dumps(chat()), affinity, pinned) as (_, response):
         assert response.status == 200
         await response.read()
@@ -66,7 +67,10 @@ def test_a_retried_5xx_records_nothing_for_the_worker_that_answered_it() -> None
     asyncio.run(main())
 
 
-def test_the_index_learns_once_the_answer_head_came_back_not_before() -> None:
+def test_the_index_names_the_worker_while_it_still_generates_a_whole_answer() -> None:
+    """A non-streamed answer's head comes only when it is done: a second request with the prompt, sent meanwhile,
+    must find the blocks where the first went (it did not, when the index learned at the head: it went by hash to
+    whichever worker had room and prefilled the prompt again)."""
     async def main() -> None:
         received, release = asyncio.Event(), asyncio.Event()
 
@@ -79,15 +83,24 @@ def test_the_index_learns_once_the_answer_head_came_back_not_before() -> None:
         async with FakeWorker(held) as one, FakeWorker(held) as two, \
                 running_gateway([one.url, two.url], scrape_interval_s=10) as gw:
             pool = gw.upstreams.pools["main"]
-            sending = asyncio.get_running_loop().create_task(send(pool, gw.store.current))
+            first = asyncio.get_running_loop().create_task(send(pool, gw.store.current))
             await received.wait()
-            assert len(pool.router.index) == 0, "the worker has the request, but has not taken it yet"
+            holder = one.url if one.requests else two.url
+            assert pool.router.index.longest(PROMPT.blocks) == (holder, 4), "placed while it generates"
+            second = asyncio.get_running_loop().create_task(send(pool, gw.store.current))
             release.set()
-            ctx = await sending
-            assert ctx.route == "hash" and pool.router.index.longest(PROMPT.blocks) == (ctx.worker, 4)
-            again = await send(pool, gw.store.current)
-            assert (again.worker, again.route) == (ctx.worker, "prefix 4/4")
+            done, again = await first, await second
+            assert (done.route, done.worker) == ("hash", holder)
+            assert (again.route, again.worker) == ("prefix 4/4", holder)
     asyncio.run(main())
+
+
+def test_a_refused_try_withdraws_only_its_own_blocks() -> None:
+    index, a, b = PrefixIndex(), live_worker("http://a"), live_worker("http://b")
+    index.taken(Affinity(blocks=(1, 2)), b)
+    index.taken(PROMPT, a)
+    index.refused(Affinity(blocks=(1, 2, *PROMPT.blocks)), a)
+    assert len(index) == 2 and index.footprint == {"http://a": 0, "http://b": 2}, "b's blocks stay b's"
 
 
 def test_a_pinned_request_teaches_the_index_nothing() -> None:

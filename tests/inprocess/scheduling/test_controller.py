@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from gateway.context import RequestContext
 from gateway.endpoints import CHAT
+from gateway.errors import Unavailable
 from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Policy
 from gateway.scheduling.controller import Controller
@@ -83,6 +86,9 @@ def test_a_pool_gone_is_forgotten_but_its_requests_still_release() -> None:
         assert handle.granted == 0 and c.tenant_inflight == {}
         c.track("p", [live_worker("http://w0", scraped_at=NOW, limit=2)], snap.policy.pools["p"])
         assert c.states["p"] is not handle and c.states["p"].granted == 0, "added again, it starts afresh"
+        with pytest.raises(Unavailable):  # a pool it does not keep: the pipeline's fallback rule, not a 500
+            await c.admit(request(snap, "s1"), "gone", 100, 100)
+        assert c.tenant_inflight == {}, "nothing taken for it"
     asyncio.run(main())
 
 
