@@ -4,6 +4,7 @@ the text)."""
 
 from __future__ import annotations
 
+import abc
 import re
 import time
 import uuid
@@ -67,7 +68,7 @@ def _temperature_bucket(value: object) -> str:
     return "0" if t == 0 else f"<={min(2.0, (int(t * 10) + 1) / 10):.1f}"
 
 
-class Generation(Endpoint):
+class Generation(Endpoint, abc.ABC):
     """An API that generates text in OpenAI's choices (chat, completions). A subclass says how its body asks
     (``asked``) and where its choices hold the text (``text_of``, ``piece_of``, ``choice``, ``chunk_choice``)."""
 
@@ -125,25 +126,25 @@ class Generation(Endpoint):
             params["tools"] = body["tools"]
         return Question(params, history, system, history[:-1] if earlier_turns else None, text)
 
+    @abc.abstractmethod
     def asked(self, body: dict[str, Any], spec: CachePolicy) -> Asked | str:
         """The body's system prompts, lookup text and turns, or why it is not a question the cache can key."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def text_of(self, choice: dict[str, Any]) -> object:
         """A whole answer's text in its choice (None where it is not plain text)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def piece_of(self, choice: dict[str, Any]) -> object:
         """A stream chunk's text in its choice."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def choice(self, answer: str, finish_reason: str) -> dict[str, Any]:
         """A replayed whole answer's one choice."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def chunk_choice(self, first: bool, piece: str, reason: bytes) -> bytes:
         """A replayed chunk's one choice, as JSON (``reason``: JSON too, null before the last chunk)."""
-        raise NotImplementedError
 
     def answer_from_json(self, body: bytes) -> Answer | None:
         data = orjson.loads(body)

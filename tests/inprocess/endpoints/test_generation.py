@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.endpoints import CHAT, COMPLETIONS
-from gateway.endpoints.generation import validate_sampling
+from gateway.endpoints.generation import Generation, validate_sampling
 from gateway.errors import InvalidRequest
 from gateway.policy.schema import CachePolicy
 
@@ -53,3 +53,16 @@ def test_the_parameters_that_change_an_answer_are_in_the_question_and_temperatur
     assert params(temperature=0.21) == params(temperature=0.29) != params(temperature=0.31)
     assert params(seed=4, user="u")["seed"] == 4 and "user" not in params(user="u")
     assert params(tools=[{"type": "function"}])["tools"] == [{"type": "function"}]
+
+
+def test_a_generation_api_that_leaves_out_a_hook_cannot_be_built() -> None:
+    """Each kind says how its body asks and where its choices hold text: one that forgets a hook fails when it is
+    built (at import), not at its first cached request."""
+    class Partial(Generation):
+        __slots__ = ()
+
+        def asked(self, body: dict[str, Any], spec: CachePolicy) -> str:
+            return "empty"
+
+    with pytest.raises(TypeError, match="abstract"):
+        Partial("partial", "/v1/partial")
