@@ -18,6 +18,7 @@ from gateway.fleet.observe import MAX_METRICS_BYTES, scrape, scrape_forever
 from gateway.fleet.worker import Worker
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import Pool
+from gateway.routing.prefixes import PrefixIndex
 from gateway.routing.profiles import router_for
 from gateway.transport.http1 import Caps, Client
 
@@ -68,7 +69,9 @@ SCRAPE_CAPS = Caps(head_bytes=16384, body_bytes=2 * MAX_METRICS_BYTES, deadline_
 class UpstreamPool:
     """A pool's keep-alive client, its workers, and their scraper."""
 
-    def __init__(self, name: str, spec: Pool, metrics: GatewayMetrics, scheduler: Scheduler) -> None:
+    def __init__(self, name: str, spec: Pool, metrics: GatewayMetrics, scheduler: Scheduler,
+                 index: PrefixIndex | None = None) -> None:
+        """``index``: the prefix index of the pool this one replaces (what its kept workers still hold)."""
         self.name = name
         self.spec = spec
         self.metrics = metrics
@@ -76,7 +79,7 @@ class UpstreamPool:
         # the scheduler counts against these workers from now on; a pool replacing one of the same name keeps the
         # queued and admitted requests it counted (the scheduler keeps them by name)
         self.queues = scheduler.track(name, self.workers, spec)
-        self.router = router_for(spec.routing, self.workers)  # its profile, and the prefix index it keeps
+        self.router = router_for(spec.routing, self.workers, index)  # its profile, and the prefix index it keeps
         self._cache_epochs: dict[str, int] = {}  # worker URL -> its cache_epoch when the index last agreed
         self._scheduler = scheduler
         # connect: the wait for a free connection + TCP connect; read: the longest silence between upstream bytes.
@@ -159,10 +162,9 @@ class Upstreams:
             current = self.pools.get(name)
             if current is not None and current.spec == spec:
                 continue
-            pool = UpstreamPool(name, spec, self.metrics, self._scheduler)
+            pool = UpstreamPool(name, spec, self.metrics, self._scheduler,
+                                None if current is None else current.router.index)  # a worker kept keeps it
             if current is not None:
-                # a worker kept keeps what it holds
-                pool.router = router_for(spec.routing, pool.workers, current.router.index)
                 for gone in {w.url for w in current.workers} - {w.url for w in pool.workers}:
                     pool.router.index.forget(gone)
             started.append(pool.start())

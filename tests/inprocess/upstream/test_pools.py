@@ -49,6 +49,7 @@ def test_a_reload_that_replaces_a_pool_keeps_its_counts_and_removing_it_forgets_
             ctx.service_class = "standard"
             handle = await scheduler.admit(ctx, "p", 10, 10)  # fifo: counted without a healthy worker
             assert handle.workers is first.workers
+            first.router.index.remember((1, 2), NOWHERE[0])  # the kept worker holds a prompt
 
             wider = spec([*NOWHERE, "http://127.0.0.1:9/second"])
             await upstreams.reconcile({"p": wider})
@@ -56,6 +57,8 @@ def test_a_reload_that_replaces_a_pool_keeps_its_counts_and_removing_it_forgets_
             assert second is not first and scheduler.states["p"] is handle, "the same counts, handed over"
             assert handle.workers is second.workers and (handle.spec, handle.granted) == (wider, 1)
             assert second.queues.queued == 0
+            assert second.router.index is first.router.index and second.router.index.longest((1, 2)) == (
+                NOWHERE[0], 2), "a worker kept keeps what it holds"
 
             await upstreams.reconcile({})
             assert "p" not in scheduler.states and upstreams.pools == {}
