@@ -9,14 +9,17 @@ answer it) and closes every request the same way, in the runtime's ``finish`` (`
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
+from collections.abc import Coroutine
 from types import TracebackType
+from typing import Any
 from urllib.parse import quote
 
 from gateway import openai_api
 from gateway.cache import replay
-from gateway.cache.decision import CacheDecision, decide
+from gateway.cache.decision import CacheDecision, decide, settle
 from gateway.cache.service import Lookup
 from gateway.context import RequestContext
 from gateway.endpoints.responses import Home
@@ -98,8 +101,31 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
         await serve_hit(ctx, decision.lookup, sink, call.wants_usage)
         return
     ctx.service_class = await gw.spend.admit(ctx, call)  # may clamp, downgrade or refuse; reserves the worst case
+    relayed = Relayed()
+    answer = fresh(gw, ctx, call, sink, relayed, decision, session, pinned)
+    semantic = decision.semantic if decision is not None else None
+    if semantic is None:
+        await answer
+    else:
+        if ctx.service_class == "batch":  # nobody waits on a batch line's first token: a hit saves the engine
+            await asyncio.wait({semantic})
+        found = await race(answer, semantic, sink)
+        settle(ctx, decision, found, gw.metrics)
+        if found is not None and found.hit:
+            await serve_hit(ctx, found, sink, call.wants_usage)
+            assert gw.cache is not None and decision is not None and decision.key is not None
+            gw.cache.served(decision.key, found, call.body, ctx.snapshot.policy.cache)
+            return
+    ctx.timings.tpot = relayed.tpot
+    _remember(gw, ctx, decision, relayed)
+
+
+async def fresh(gw: Gateway, ctx: RequestContext, call: openai_api.Call, sink: Sink, relayed: Relayed,
+                decision: CacheDecision | None, session: str | None, pinned: str | None) -> None:
+    """The answer from a worker: admitted by the scheduler, exchanged, counted, its slot given back."""
+    assert ctx.tenant is not None
     pool, admission = await admit(gw, ctx, call)
-    relayed, ended = Relayed(), None
+    ended = None
     try:  # from here on the scheduler's slot is this request's: every exit gives it back
         payload = await openai_api.serialise(call, ctx.service_class)
         affinity = pool.router.affinity(call.body, session)
@@ -112,11 +138,37 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
     finally:  # also when the client left or the worker failed: what was delivered is counted
         count_tokens(ctx, relayed, call.prompt_estimate, sink.status, call.max_output * call.sequences)
         gw.scheduler.release(ctx, admission, ended)
-        if ctx.endpoint.homed and ctx.worker is not None:  # where a follow-up must go
+        if ctx.endpoint.homed and ctx.worker is not None and sink.status is not None:  # where a follow-up must go
             start = relayed.head if ctx.stream else (relayed.captured or b"")[:512]
             gw.responses.remember(start, Home(ctx.tenant.name, pool.name, ctx.worker, conversation(ctx, call)))
-    ctx.timings.tpot = relayed.tpot
-    _remember(gw, ctx, decision, relayed)
+
+
+async def race(answer: Coroutine[Any, Any, None], semantic: asyncio.Task[Lookup], sink: Sink) -> Lookup | None:
+    """Run the fresh answer beside the semantic lookup. The lookup's result if it ended before the answer started
+    (a hit calls the answer off: the worker sees the request cancelled), else None once the answer is done.
+    The answer is never held back: the lookup costs the request nothing but the loop's time to start it."""
+    if semantic.done() and semantic.result().hit:
+        answer.close()
+        return semantic.result()
+    task = asyncio.ensure_future(answer)
+    try:
+        await asyncio.wait({task, semantic}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the request itself was cancelled (the client left): so is its answer
+        task.cancel()
+        await asyncio.wait({task})
+        raise
+    if task.done() or sink.status is not None:
+        await task
+        return semantic.result() if semantic.done() and not semantic.result().hit else None
+    found = semantic.result()
+    if found.hit:
+        task.cancel()
+        await asyncio.wait({task})
+        if task.cancelled() or task.exception() is not None:
+            return found
+        return None  # it ended before the cancel reached it: the client has that answer
+    await task
+    return found
 
 
 async def retrieve(gw: Gateway, ctx: RequestContext, rid: str, sink: Sink) -> None:
@@ -302,5 +354,5 @@ def _remember(gw: Gateway, ctx: RequestContext, decision: CacheDecision | None, 
     if ctx.answered_by is not None:
         return  # a fallback's answer is not the asked model's
     assert decision.key is not None
-    vector = decision.lookup.vector if decision.lookup is not None else None
-    gw.cache.remember(decision.key, ctx.endpoint, relayed.captured, ctx.stream, vector, ctx.snapshot.policy.cache)
+    gw.cache.remember(decision.key, ctx.endpoint, relayed.captured, ctx.stream, decision.semantic,
+                      ctx.snapshot.policy.cache)

@@ -1,7 +1,13 @@
-"""The cache step of the pipeline: may this request be answered from the cache, and may its answer be kept?"""
+"""The cache step of the pipeline: may this request be answered from the cache, and may its answer be kept?
+
+The exact layer is read on the request's path (one store read, bounded). The semantic layer (an embedding, a
+search, the verifier) runs beside the request instead: the pipeline sends the request on at once and serves a
+semantic hit only if it comes before the worker's answer starts, so the semantic layer never delays an answer
+(the embedder takes ~20 ms a question on one core here, and much longer on a saturated host)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -14,11 +20,13 @@ from gateway.ops.metrics import GatewayMetrics
 
 @dataclass(slots=True)
 class CacheDecision:
-    """What the cache said about one request: its key (None if not cacheable), the lookup, whether to store."""
+    """What the cache said about one request: its key (None if not cacheable), the exact lookup, the semantic
+    lookup still running beside the request (None if there is none), and whether to store the answer."""
 
     key: CacheKey | None
     store: bool
     lookup: Lookup | None = None
+    semantic: asyncio.Task[Lookup] | None = None
 
     @property
     def hit(self) -> bool:
@@ -46,13 +54,35 @@ async def decide(cache: SemanticCache | None, ctx: RequestContext, body: dict[st
         metrics.child(metrics.cache_bypass, key if isinstance(key, str) else "no-cache").inc()
         return decision
     started = time.perf_counter()
-    found = await cache.lookup(key, spec)
+    found = await cache.lookup_exact(key)
     ctx.timings.cache = time.perf_counter() - started
     ctx.timings.cache_at = started - ctx.timings.start
     metrics.child(metrics.cache_lookup, found.result).observe(ctx.timings.cache)
     ctx.cache = found.result
     ctx.cache_similarity = found.similarity
+    decision.lookup = found
     if found.result == "bypass":
         metrics.child(metrics.cache_bypass, found.reason or "unknown").inc()
-    decision.lookup = found
+    elif not found.hit and key.semantic:
+        decision.semantic = asyncio.get_running_loop().create_task(cache.lookup_semantic(key, spec))
+        decision.semantic.add_done_callback(_observed(metrics, time.perf_counter()))
     return decision
+
+
+def settle(ctx: RequestContext, decision: CacheDecision, semantic: Lookup | None, metrics: GatewayMetrics) -> None:
+    """What the request's cache outcome was once its semantic lookup raced the answer: ``semantic`` is that
+    lookup's result if it ended before the answer started, else None (it came late, or the answer came first)."""
+    if semantic is None:
+        metrics.child(metrics.cache_bypass, "late").inc()
+        return
+    ctx.cache = semantic.result
+    ctx.cache_similarity = semantic.similarity
+    if semantic.result == "bypass":
+        metrics.child(metrics.cache_bypass, semantic.reason or "unknown").inc()
+
+
+def _observed(metrics: GatewayMetrics, started: float):  # type: ignore[no-untyped-def]
+    def done(task: asyncio.Task[Lookup]) -> None:
+        if not task.cancelled():
+            metrics.child(metrics.cache_semantic, task.result().result).observe(time.perf_counter() - started)
+    return done

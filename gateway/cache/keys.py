@@ -73,7 +73,9 @@ def cache_key(endpoint: Endpoint, body: dict[str, Any], tenant: TenantView, tena
     question = endpoint.question(body, spec)
     if isinstance(question, str):
         return question
-    doc: dict[str, Any] = {"t": tenant.name, "m": body["model"], "e": endpoint.name, "p": question.params}
+    # the embedder's name too: vectors of two models are not comparable, and a policy that changes it starts afresh
+    doc: dict[str, Any] = {"t": tenant.name, "m": body["model"], "e": endpoint.name, "p": question.params,
+                           "v": spec.embedder.name}
     if question.system is not None:
         doc["s"] = question.system
     scope = hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
@@ -86,4 +88,4 @@ def cache_key(endpoint: Endpoint, body: dict[str, Any], tenant: TenantView, tena
                         semantic=False, max_tokens=0)
     language = detect_language(question.text)
     return CacheKey(tenant=tenant.name, model=body["model"], scope=scope, exact=exact, text=question.text,
-                    language=language, semantic=language in spec.semantic_languages, max_tokens=max_tokens)
+                    language=language, semantic=language in spec.languages, max_tokens=max_tokens)

@@ -17,11 +17,14 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from gateway.cache import embedder as embedders
+from gateway.cache.audit import Audits, Sample, Verdict
 from gateway.cache.bounds import Footprint
-from gateway.cache.embedder import Embedder, ProcessEmbedder
+from gateway.cache.embedder import Embedder
 from gateway.cache.index import VectorIndex
 from gateway.cache.keys import CacheKey
 from gateway.cache.store import CacheStore, Entry, MemoryStore, RedisStore, StoreUnavailable
@@ -34,6 +37,10 @@ log = logging.getLogger("tollgate.cache")
 _PENDING_MAX = 1000
 _QUIET_S = 1.0  # stored answers are embedded only after lookups have paused this long
 _PARSE_ON_LOOP_BYTES = 16_384
+# The exact layer's store read is on every cacheable request's path: a slower one is a bypass. The issue's bound
+# on what the cache may add to TTFT (p99 15 ms) with room for the loop's own delays.
+EXACT_BUDGET_S = 0.010
+_AUDIT_CHARS = 400
 
 
 @dataclass(slots=True)
@@ -70,13 +77,16 @@ class SemanticCache:
         self._quiet_indexer_wakeup = asyncio.Event()
         self._last_semantic_lookup = 0.0
         self._indexer: asyncio.Task[None] | None = None
+        self.audits = Audits()
+        self.audit_wakeup = asyncio.Event()
 
     def same_backend(self, spec: CachePolicy) -> bool:
-        return (spec.batch_max, spec.batch_wait_ms) == (self.spec.batch_max, self.spec.batch_wait_ms)
+        return (spec.batch_max, spec.batch_wait_ms, spec.embedder) == (self.spec.batch_max, self.spec.batch_wait_ms,
+                                                                        self.spec.embedder)
 
     async def start(self) -> None:
         if self.embedder is None:
-            self.embedder = await asyncio.to_thread(ProcessEmbedder, self.spec.batch_max,
+            self.embedder = await asyncio.to_thread(embedders.build, self.spec.embedder, self.spec.batch_max,
                                                     self.spec.batch_wait_ms / 1000)
         self.index = VectorIndex(self.embedder.dim, self.spec.hnsw_above)
         self._count_held()
@@ -120,9 +130,18 @@ class SemanticCache:
     # -- lookup -----------------------------------------------------------------------------------------
 
     async def lookup(self, key: CacheKey, spec: CachePolicy) -> Lookup:
+        """Both layers, one after the other: for callers that nobody waits on (the pipeline races the semantic
+        layer against the answer instead)."""
+        found = await self.lookup_exact(key)
+        if found.hit or found.result == "bypass" or not key.semantic:
+            return found
+        return await self.lookup_semantic(key, spec)
+
+    async def lookup_exact(self, key: CacheKey) -> Lookup:
+        """The exact layer: one store read, on the request's path, bounded by ``EXACT_BUDGET_S``."""
         try:
-            async with asyncio.timeout(spec.lookup_timeout_ms / 1000):
-                return await self._lookup(key, spec)
+            async with asyncio.timeout(EXACT_BUDGET_S):
+                entry = await self._guarded(self.store.get_exact(key.exact))
         except StoreUnavailable:
             return Lookup("bypass", reason="store_down")
         except TimeoutError:
@@ -130,30 +149,47 @@ class SemanticCache:
         except Exception:  # the cache may only make a request faster, never fail it
             log.exception("cache lookup failed; bypassing")
             return Lookup("bypass", reason="error")
+        if entry is not None and self._fits(entry, key):
+            self._touch(entry)
+            return Lookup("hit-exact", entry, 1.0)
+        if not key.semantic:
+            return Lookup("miss", reason=f"language:{key.language}")
+        return Lookup("miss")
+
+    async def lookup_semantic(self, key: CacheKey, spec: CachePolicy) -> Lookup:
+        """The semantic layer, which races the request's dispatch (the pipeline serves its hit only if it comes
+        before the worker's answer does): never raises, gives up after ``lookup_timeout_ms``. A miss carries the
+        question's vector, for storing the answer without embedding it again."""
+        try:
+            async with asyncio.timeout(spec.lookup_timeout_ms / 1000):
+                return await self._semantic(key, spec)
+        except StoreUnavailable:
+            return Lookup("bypass", reason="store_down")
+        except TimeoutError:
+            return Lookup("bypass", reason="timeout")
+        except Exception:
+            log.exception("semantic cache lookup failed; bypassing")
+            return Lookup("bypass", reason="error")
 
     def _fits(self, entry: Entry, key: CacheKey) -> bool:
         """An answer fits if it is no longer than asked, and one cut at max_tokens was cut at the same one."""
         return entry.scope == key.scope and entry.completion_tokens <= key.max_tokens and (
             entry.finish_reason != "length" or entry.max_tokens == key.max_tokens)
 
-    @staticmethod
-    def _budget_s(spec: CachePolicy, started: float) -> float:
-        """What is left of the lookup timeout, less a margin for the search and the store read."""
-        return spec.lookup_timeout_ms / 1000 * 0.8 - (time.perf_counter() - started)
+    def threshold(self, key: CacheKey, spec: CachePolicy) -> float | None:
+        """The cosine a semantic hit needs in this key's scope (raised by the audit), or None: its semantic layer
+        is off."""
+        return self.audits.threshold(key.scope, spec.threshold)
 
-    async def _lookup(self, key: CacheKey, spec: CachePolicy) -> Lookup:
+    async def _semantic(self, key: CacheKey, spec: CachePolicy) -> Lookup:
         assert self.index is not None and self.embedder is not None
-        started = time.perf_counter()
-        entry = await self._guarded(self.store.get_exact(key.exact))
-        if entry is not None and self._fits(entry, key):
-            self._touch(entry)
-            return Lookup("hit-exact", entry, 1.0)
-        if not key.semantic:
-            return Lookup("miss", reason=f"language:{key.language}")
+        threshold = self.threshold(key, spec)
+        if threshold is None:
+            return Lookup("bypass", reason="audit_off")
         self._last_semantic_lookup = time.monotonic()
-        if self.embedder.expected_wait_s() > self._budget_s(spec, started):
-            # Shed the cache's own work first: under a burst, waiting for a vector would only make the
-            # request slower and then give up; the exact layer was checked already.
+        if self.embedder.expected_wait_s() > spec.lookup_timeout_ms / 1000 * 0.8:
+            # Shed the cache's own work first: under a burst the vector would come after the answer anyway;
+            # the answer is embedded for storing once things are quiet.
             return Lookup("bypass", reason="embedder_busy")
         vector = await self.embedder.embed(key.text)
         index = self.index
@@ -163,7 +199,7 @@ class SemanticCache:
             candidates = index.search(key.scope, vector)
         now = time.time()
         for entry_id, score in candidates:
-            if score < spec.threshold:
+            if score < threshold:
                 break
             if index.expires.get(entry_id, 0) <= now:
                 index.remove(entry_id)
@@ -179,9 +215,52 @@ class SemanticCache:
                     continue
             if not self._fits(entry, key):
                 continue
-            self._touch(entry)
             return Lookup("hit-semantic", entry, score, vector)
         return Lookup("miss", vector=vector)
+
+    def served(self, key: CacheKey, found: Lookup, body: dict[str, Any], spec: CachePolicy) -> None:
+        """A semantic hit was served: it is used (kept longer under the byte bounds), and may be audited."""
+        if found.entry is None or found.result != "hit-semantic":
+            return
+        self._touch(found.entry)
+        if self.audits.consider(key, found.entry, found.similarity or 0.0, body, spec.audit):
+            self.audit_wakeup.set()
+
+    # -- audit ------------------------------------------------------------------------------------------
+
+    async def next_sample(self) -> Sample:
+        """The next served hit to audit (``gateway.batches.audit`` asks it again)."""
+        while not self.audits.pending:
+            self.audit_wakeup.clear()
+            await self.audit_wakeup.wait()
+        return self.audits.pending.popleft()
+
+    async def agreement(self, served: str, fresh: str) -> float:
+        """Cosine between two answers' embeddings (their openings: what an answer is about shows there, and a
+        whole answer costs the embedder ~2 ms a token), as work that waits for lookups."""
+        if served.strip() == fresh.strip():
+            return 1.0
+        assert self.embedder is not None
+        a = await self.embedder.embed(served[:_AUDIT_CHARS], embedders.BACKGROUND)
+        b = await self.embedder.embed(fresh[:_AUDIT_CHARS], embedders.BACKGROUND)
+        return float(np.dot(a, b))
+
+    async def audited(self, sample: Sample, agreement: float, spec: CachePolicy) -> Verdict:
+        """Count one audit; a disagreement purges the entry that was served."""
+        agreed = agreement >= spec.audit.agree_at
+        verdict = self.audits.judge(sample, agreed, spec.threshold, spec.audit)
+        state = self.audits.scopes[sample.scope]
+        labels = (sample.tenant, sample.model, sample.scope[:16])
+        self.metrics.child(self.metrics.cache_audits, sample.tenant, sample.model, verdict.value).inc()
+        self.metrics.child(self.metrics.cache_audit_upper, *labels).set(state.upper_bound(spec.audit.confidence))
+        self.metrics.child(self.metrics.cache_audit_threshold, *labels).set(
+            self.audits.threshold(sample.scope, spec.threshold) or 1.0)
+        if not agreed:
+            try:
+                await self.purge(entry_id=sample.entry_id)
+            except StoreUnavailable:
+                log.warning("cache audit: could not purge a wrong entry (store down); it stays until its TTL")
+        return verdict
 
     def _touch(self, entry: Entry) -> None:
         assert self.index is not None
@@ -190,13 +269,18 @@ class SemanticCache:
 
     # -- storing ----------------------------------------------------------------------------------------
 
-    def remember(self, key: CacheKey, endpoint: Endpoint, payload: bytes, streamed: bool, vector: np.ndarray | None,
-                 spec: CachePolicy) -> None:
-        """Store a complete answer in the background (the client already has it)."""
-        self._background(self._remember(key, endpoint, payload, streamed, vector, spec))
+    def remember(self, key: CacheKey, endpoint: Endpoint, payload: bytes, streamed: bool,
+                 semantic: asyncio.Future[Lookup] | None, spec: CachePolicy) -> None:
+        """Store a complete answer in the background (the client already has it), with the question's vector
+        from its semantic lookup (``semantic``, which may still be running) when that had one."""
+        self._background(self._remember(key, endpoint, payload, streamed, semantic, spec))
 
     async def _remember(self, key: CacheKey, endpoint: Endpoint, payload: bytes, streamed: bool,
-                        vector: np.ndarray | None, spec: CachePolicy) -> None:
+                        semantic: asyncio.Future[Lookup] | None, spec: CachePolicy) -> None:
+        vector = None
+        if semantic is not None:
+            await asyncio.wait({semantic})  # bounded by the lookup's own timeout; it never raises
+            vector = None if semantic.cancelled() else semantic.result().vector
         if not streamed and len(payload) > spec.max_entry_bytes:  # the answer is most of it: not worth parsing
             self.metrics.cache_not_stored.labels("too_large").inc()
             return

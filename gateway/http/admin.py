@@ -53,6 +53,28 @@ async def purge_cache(request: Request) -> Response:
     return json_response({"purged": purged})
 
 
+async def cache_status(request: Request) -> Response:
+    """The cache on this replica: its embedder, entries, and per audited scope its audits, disagreements, the
+    upper confidence bound of its false-hit rate and the threshold it has earned (``?tenant=`` filters)."""
+    require_admin(request)
+    gw = gateway_of(request)
+    if gw.cache is None:
+        raise Conflict("The cache is not enabled in the policy.", "cache_disabled")
+    spec = gw.store.current.policy.cache
+    tenant = request.query_params.get("tenant")
+    scopes = [s for s in gw.cache.audits.report(spec.audit, spec.threshold) if tenant is None or s["tenant"] == tenant]
+    audited = sum(s["audited"] for s in scopes)
+    wrong = sum(s["disagreed"] for s in scopes)
+    return json_response({
+        "embedder": gw.cache.embedder.name if gw.cache.embedder is not None else None,
+        "entries": len(gw.cache.index) if gw.cache.index is not None else 0, "threshold": spec.threshold,
+        "audit": {"enabled": spec.audit.enabled, "every": spec.audit.every, "pending": len(gw.cache.audits.pending),
+                  "audited": audited, "disagreed": wrong,
+                  "false_hit_rate": round(wrong / audited, 6) if audited else None,
+                  "max_false_hit_rate": spec.audit.max_false_hit_rate},
+        "scopes": scopes})
+
+
 async def queues(request: Request) -> Response:
     """Per pool: its workers admitted for routing, requests started, drain rate, and per class the depth, oldest
     wait and depth by tenant; and the prompt blocks the prefix index places on each worker (what routing believes
@@ -93,4 +115,5 @@ ROUTES = [
     Route("/admin/policy", put_policy, methods=["PUT"]),
     Route("/admin/policy/status", policy_status, methods=["GET"]),
     Route("/admin/cache", purge_cache, methods=["DELETE"]),
+    Route("/admin/cache", cache_status, methods=["GET"]),
 ]

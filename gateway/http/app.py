@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from gateway import pipeline
 from gateway.auth import identify
+from gateway.batches.audit import CacheAuditor
 from gateway.batches.runner import BatchRunner
 from gateway.batches.store import open_batch_store
 from gateway.context import RequestContext
@@ -155,20 +156,25 @@ def create_app(store: PolicyStore, data_dir: Path | None = None, share: Share = 
               if data_dir is not None else None)
 
     sessions = Sessions(data_dir, gw.state)
+    auditor = CacheAuditor(gw)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: object) -> AsyncIterator[None]:
         async with gw.lifespan():
             await sessions.start()
-            if runner is None:
-                yield
-                return
-            await runner.start()
+            await auditor.start()
             try:
-                yield
+                if runner is None:
+                    yield
+                    return
+                await runner.start()
+                try:
+                    yield
+                finally:
+                    await runner.close()
+                    runner.store.close()
             finally:
-                await runner.close()
-                runner.store.close()
+                await auditor.close()
 
     endpoints = {path: Completions(gw, endpoint) for path, endpoint in BY_PATH.items()}
     app = Starlette(

@@ -57,8 +57,19 @@ class GatewayMetrics:
                                     ["reason"], registry=r)
         self.cache_rejections = Counter("tollgate_cache_verifier_rejections", "Semantic candidates the near-miss "
                                         "verifier refused, by reason.", ["reason"], registry=r)
-        self.cache_lookup = Histogram("tollgate_cache_lookup_seconds", "Cache lookup time.", ["result"],
-                                      buckets=FAST_BUCKETS, registry=r)
+        self.cache_lookup = Histogram("tollgate_cache_lookup_seconds", "Cache lookup time on the request's path "
+                                      "(the exact layer).", ["result"], buckets=FAST_BUCKETS, registry=r)
+        self.cache_semantic = Histogram("tollgate_cache_semantic_seconds", "Semantic lookup time, beside the "
+                                        "request (a hit is served only if it comes before the answer).", ["result"],
+                                        buckets=FAST_BUCKETS, registry=r)
+        self.cache_audits = Counter("tollgate_cache_audits", "Semantic hits asked again of the engine, by verdict "
+                                    "(agreed, wrong, raised: the scope's threshold rose, off: its semantic layer "
+                                    "turned off).", ["tenant", "model", "verdict"], registry=r)
+        self.cache_audit_upper = Gauge("tollgate_cache_audit_false_hit_upper", "Upper confidence bound of a scope's "
+                                       "audited false-hit rate.", ["tenant", "model", "scope"], registry=r)
+        self.cache_audit_threshold = Gauge("tollgate_cache_audit_threshold", "The cosine a semantic hit needs in "
+                                           "an audited scope (1: its semantic layer is off).",
+                                           ["tenant", "model", "scope"], registry=r)
         self.cache_tokens_saved = Counter("tollgate_cache_tokens_saved", "Tokens answered from the cache.",
                                           ["tier", "direction"], registry=r)
         self.cache_store_up = Gauge("tollgate_cache_store_up", "0 while the cache store is unreachable.", registry=r)

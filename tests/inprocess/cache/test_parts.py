@@ -113,7 +113,10 @@ def test_scopes_separate_what_must_not_be_shared() -> None:
     assert not isinstance(allowed, str) and not isinstance(allowed2, str) and allowed.scope != allowed2.scope, \
         "a multi-turn answer is only reused after the same earlier turns"
     korean = cache_key(CHAT, chat("서울 날씨 어때요?"), TENANT, True, spec, 100)
-    assert not isinstance(korean, str) and korean.language == "ko" and not korean.semantic
+    assert not isinstance(korean, str) and korean.language == "ko" and korean.semantic, "e5 covers Korean"
+    english_model = CachePolicy(enabled=True, embedder={"kind": "sentence-transformers"})
+    korean = cache_key(CHAT, chat("서울 날씨 어때요?"), TENANT, True, english_model, 100)
+    assert not isinstance(korean, str) and not korean.semantic, "all-MiniLM-L6-v2 covers English only"
 
 
 UNBOUNDED = (1 << 40, 1 << 40)  # tenant and total bytes

@@ -11,7 +11,7 @@ import redis
 from aiohttp import web
 
 from gateway.cache.keys import CacheKey, cache_key
-from gateway.cache.service import SemanticCache
+from gateway.cache.service import Lookup, SemanticCache
 from gateway.cache.store import Entry, MemoryStore, RedisStore, StoreUnavailable
 from gateway.endpoints import CHAT, EMBEDDINGS
 from gateway.fleet.observe import scrape
@@ -276,7 +276,9 @@ def test_on_redis_the_entry_cap_holds_before_writing_and_each_replica_index_is_b
         embedder = FakeEmbedder()
         questions = [f"What is item number {i} for?" for i in range(300)]
         for q in questions:
-            await cache._remember(key(q), CHAT, answer("ok"), False, await embedder.embed(q), spec)
+            looked: asyncio.Future[Lookup] = asyncio.get_running_loop().create_future()
+            looked.set_result(Lookup("miss", vector=await embedder.embed(q)))  # the miss that embedded it
+            await cache._remember(key(q), CHAT, answer("ok"), False, looked, spec)
         assert cache.index is not None
         assert cache.index.held.tenant_bytes("acme") <= spec.max_tenant_bytes and len(cache.index) < 300
         assert cache.metrics.cache_bytes._value.get() == cache.index.held.total

@@ -1,0 +1,141 @@
+"""The semantic layer beside the request, and the audit of its hits, through the pipeline with the real embedder
+(multilingual-e5-small, on a thread of this process) and a worker over loopback that answers each question from a
+table the test sets: a wrong answer planted in the cache is found by the audit, purged, and its scope's threshold
+raised; a semantic hit that comes first calls off the worker's request; one that comes late leaves the answer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from gateway.batches.audit import CacheAuditor
+from gateway.cache.audit import Verdict
+from gateway.policy.loader import PolicySnapshot, PolicyStore
+from gateway.policy.schema import Policy
+from gateway.runtime import Gateway
+from tests.conftest import policy_dict
+from tests.fakes import MODEL, FakeWorker, call, inflight
+
+ASKED = "How do I buy bitcoin on Coinbase?"
+PARAPHRASE = "How can I buy bitcoin on Coinbase?"
+RIGHT = "Open the Coinbase app, choose Buy, pick bitcoin, enter an amount and confirm the purchase."
+WRONG = "Paris is the capital of France, on the Seine, with about two million people."
+
+
+class Answers:
+    """The worker's table: question -> (answer, seconds before answering)."""
+
+    def __init__(self) -> None:
+        self.table: dict[str, tuple[str, float]] = {}
+        self.bodies: list[dict[str, Any]] = []
+        self.called_off = asyncio.Event()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        self.bodies.append(body)
+        text, delay = self.table[body["messages"][-1]["content"]]
+        try:
+            await asyncio.sleep(delay)  # the engine's time (the worker's, not the test's synchronisation)
+        except asyncio.CancelledError:
+            self.called_off.set()
+            raise
+        return web.json_response({"id": "x", "object": "chat.completion", "model": body["model"], "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 12, "total_tokens": 21}})
+
+
+def ask(question: str) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 32, "temperature": 0}
+
+
+@contextlib.asynccontextmanager
+async def gateway(answers: Answers) -> AsyncIterator[tuple[Gateway, FakeWorker]]:
+    async with FakeWorker(answers.handle) as worker:
+        doc = policy_dict([worker.url])
+        doc["cache"] = {"enabled": True, "audit": {"every": 1}}
+        gw = Gateway(PolicyStore(PolicySnapshot.build(Policy.model_validate(doc), "test")))
+        async with gw.lifespan():
+            yield gw, worker
+
+
+async def stored(gw: Gateway, question: str) -> None:
+    """Ask, and wait until the answer is stored with its vector (storing runs after the answer)."""
+    ctx, sink = await call(gw, ask(question))
+    assert sink.status == 200 and ctx.cache == "miss"
+    assert gw.cache is not None
+    while gw.cache._tasks:
+        await asyncio.wait(set(gw.cache._tasks))
+
+
+def test_a_planted_wrong_answer_is_found_by_the_audit_purged_and_its_scope_threshold_raised() -> None:
+    async def main() -> None:
+        answers = Answers()
+        answers.table[ASKED] = (WRONG, 0.0)  # the cache keeps an answer to another question
+        async with gateway(answers) as (gw, worker):
+            await stored(gw, ASKED)
+            answers.table[PARAPHRASE] = answers.table[ASKED] = (RIGHT, 1.0)
+            ctx, sink = await call(gw, ask(PARAPHRASE))
+            assert ctx.cache == "hit-semantic", "served from the cache (wrongly): the audit's case"
+            assert orjson.loads(b"".join(sink.chunks))["choices"][0]["message"]["content"] == WRONG
+            assert gw.cache is not None and len(gw.cache.audits.pending) == 1
+            sample = gw.cache.audits.pending.popleft()
+            answers.table[PARAPHRASE] = (RIGHT, 0.0)
+            verdict = await CacheAuditor(gw).audit(sample)
+            # one disagreement in one audit: the bound is far past 2%, so the scope needs more than that hit had
+            spec = gw.store.current.policy.cache.audit
+            assert verdict is (Verdict.RAISED if sample.similarity + 0.005 <= spec.max_threshold else Verdict.OFF)
+            audit_ask = answers.bodies[-1]
+            assert audit_ask["temperature"] == 0 and "stream" not in audit_ask
+            assert worker.heads[-1].get("x-tollgate-class", "batch") == "batch"
+            (scope,) = gw.cache.audits.report(spec, 0.95)
+            assert scope["disagreed"] == 1 and scope["upper_bound"] > spec.max_false_hit_rate
+            assert scope["threshold"] is None or scope["threshold"] > sample.similarity
+            ctx, _ = await call(gw, ask(PARAPHRASE))
+            assert ctx.cache in ("miss", "bypass") and answers.bodies[-1]["messages"][-1]["content"] == PARAPHRASE, \
+                "the wrong entry is gone, and the scope now needs more"
+            ran = gw.metrics.registry.get_sample_value("tollgate_requests_total",
+                                                       {"tier": "batch", "model": MODEL, "status": "200"})
+            assert ran == 1, "the re-ask ran as batch work"
+            assert gw.metrics.registry.get_sample_value(
+                "tollgate_cache_audits_total", {"tenant": "demo", "model": MODEL, "verdict": verdict.value}) == 1
+    asyncio.run(main())
+
+
+def test_a_right_hit_is_agreed_with_and_kept() -> None:
+    async def main() -> None:
+        answers = Answers()
+        answers.table[ASKED] = (RIGHT, 0.0)
+        async with gateway(answers) as (gw, _):
+            await stored(gw, ASKED)
+            answers.table[PARAPHRASE] = (RIGHT.replace("confirm the purchase", "confirm"), 1.0)
+            ctx, _ = await call(gw, ask(PARAPHRASE))
+            assert ctx.cache == "hit-semantic" and gw.cache is not None
+            answers.table[PARAPHRASE] = (answers.table[PARAPHRASE][0], 0.0)
+            assert await CacheAuditor(gw).audit(gw.cache.audits.pending.popleft()) is Verdict.AGREED
+            answers.table[PARAPHRASE] = (answers.table[PARAPHRASE][0], 1.0)  # slower than the lookup again
+            ctx, _ = await call(gw, ask(PARAPHRASE))
+            assert ctx.cache == "hit-semantic", "kept"
+    asyncio.run(main())
+
+
+def test_a_semantic_hit_that_comes_first_calls_off_the_workers_request() -> None:
+    async def main() -> None:
+        answers = Answers()
+        answers.table[ASKED] = (RIGHT, 0.0)
+        async with gateway(answers) as (gw, _):
+            await stored(gw, ASKED)
+            answers.table[PARAPHRASE] = (WRONG, 30.0)  # the worker would take 30 s
+            sent = len(answers.bodies)
+            ctx, sink = await call(gw, ask(PARAPHRASE))
+            assert ctx.cache == "hit-semantic"
+            assert orjson.loads(b"".join(sink.chunks))["choices"][0]["message"]["content"] == RIGHT
+            assert inflight(gw) == 0, "the worker's lease is given back"
+            if len(answers.bodies) > sent:  # it had reached the worker: the worker sees it called off
+                async with asyncio.timeout(10):
+                    await answers.called_off.wait()
+    asyncio.run(main())
