@@ -30,7 +30,7 @@ from gateway.routing.affinity import Affinity
 from gateway.runtime import Gateway
 from gateway.scheduling.controller import Controller
 from gateway.scheduling.queues import PoolState
-from gateway.sink import Sink
+from gateway.sink import Headers, Sink
 from gateway.transport.http1 import Response
 from gateway.upstream.dispatch import dispatch
 from gateway.upstream.errors import UpstreamFailed, worker_errors
@@ -102,14 +102,14 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
         return
     ctx.service_class = await gw.spend.admit(ctx, call)  # may clamp, downgrade or refuse; reserves the worst case
     relayed = Relayed()
-    answer = fresh(gw, ctx, call, sink, relayed, decision, session, pinned)
     semantic = decision.semantic if decision is not None else None
     if semantic is None:
-        await answer
+        await fresh(gw, ctx, call, sink, relayed, decision, session, pinned)
     else:
         if ctx.service_class == "batch":  # nobody waits on a batch line's first token: a hit saves the engine
             await asyncio.wait({semantic})
-        found = await race(answer, semantic, sink)
+        gate = Gate(sink, semantic)
+        found = await race(fresh(gw, ctx, call, gate, relayed, decision, session, pinned), semantic, gate)
         settle(ctx, decision, found, gw.metrics)
         if found is not None and found.hit:
             await serve_hit(ctx, found, sink, call.wants_usage)
@@ -143,32 +143,66 @@ async def fresh(gw: Gateway, ctx: RequestContext, call: openai_api.Call, sink: S
             gw.responses.remember(start, Home(ctx.tenant.name, pool.name, ctx.worker, conversation(ctx, call)))
 
 
+GRACE_S = 0.010  # what a fresh answer's head may wait for a semantic lookup about to end (the issue's bound: 15 ms)
+
+
+class CalledOff(Exception):
+    """The fresh answer is not wanted: a semantic hit came before its first byte went out."""
+
+
+def _hit(semantic: asyncio.Task[Lookup]) -> Lookup | None:
+    return semantic.result() if semantic.done() and not semantic.cancelled() and semantic.result().hit else None
+
+
+class Gate:
+    """The sink a fresh answer writes through while a semantic lookup races it: the answer's head waits at most
+    ``GRACE_S`` for the lookup to end, and a hit by then calls the answer off before a byte of it goes out. (A
+    worker's first token can come in a few milliseconds; the embedder takes ~20 ms a question here.)"""
+
+    def __init__(self, sink: Sink, semantic: asyncio.Task[Lookup]) -> None:
+        self.sink, self.semantic = sink, semantic
+
+    @property
+    def status(self) -> int | None:
+        return self.sink.status
+
+    async def start(self, status: int, headers: Headers) -> None:
+        if status == 200 and not self.semantic.done():
+            await asyncio.wait({self.semantic}, timeout=GRACE_S)
+        if status == 200 and _hit(self.semantic) is not None:
+            raise CalledOff
+        await self.sink.start(status, headers)
+
+    async def send(self, body: bytes, more: bool = False) -> None:
+        await self.sink.send(body, more)
+
+    async def fail(self, error: GatewayError, headers: Headers) -> None:
+        await self.sink.fail(error, headers)
+
+
 async def race(answer: Coroutine[Any, Any, None], semantic: asyncio.Task[Lookup], sink: Sink) -> Lookup | None:
-    """Run the fresh answer beside the semantic lookup. The lookup's result if it ended before the answer started
-    (a hit calls the answer off: the worker sees the request cancelled), else None once the answer is done.
-    The answer is never held back: the lookup costs the request nothing but the loop's time to start it."""
-    if semantic.done() and semantic.result().hit:
+    """Run the fresh answer beside the semantic lookup. The lookup's result if it ended in time: a hit before the
+    answer's first byte calls the answer off (the worker sees the request cancelled), a miss lets it go on.
+    None if the answer came first. The answer is never held back but by the ``Gate``'s grace."""
+    if _hit(semantic) is not None:
         answer.close()
         return semantic.result()
     task = asyncio.ensure_future(answer)
     try:
         await asyncio.wait({task, semantic}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and _hit(semantic) is not None and sink.status is None:
+            task.cancel()
+        await asyncio.wait({task})
     except BaseException:  # the request itself was cancelled (the client left): so is its answer
         task.cancel()
         await asyncio.wait({task})
         raise
-    if task.done() or sink.status is not None:
-        await task
-        return semantic.result() if semantic.done() and not semantic.result().hit else None
-    found = semantic.result()
-    if found.hit:
-        task.cancel()
-        await asyncio.wait({task})
-        if task.cancelled() or task.exception() is not None:
-            return found
-        return None  # it ended before the cancel reached it: the client has that answer
-    await task
-    return found
+    if task.cancelled() or isinstance(task.exception(), CalledOff):
+        return semantic.result()
+    task.result()  # the answer's own outcome, if it raised one
+    if semantic.done() and not semantic.cancelled() and not semantic.result().hit:
+        return semantic.result()  # a miss (or a bypass), with its reason
+    return None
 
 
 async def retrieve(gw: Gateway, ctx: RequestContext, rid: str, sink: Sink) -> None:
