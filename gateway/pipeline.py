@@ -183,23 +183,36 @@ class Gate:
 async def race(answer: Coroutine[Any, Any, None], semantic: asyncio.Task[Lookup], sink: Sink) -> Lookup | None:
     """Run the fresh answer beside the semantic lookup. The lookup's result if it ended in time: a hit before the
     answer's first byte calls the answer off (the worker sees the request cancelled), a miss lets it go on.
-    None if the answer came first. The answer is never held back but by the ``Gate``'s grace."""
+    None if the answer came first. The answer is never held back but by the ``Gate``'s grace.
+
+    The answer runs in the request's own task, as the edge's disconnect watch expects: a hit cancels that task
+    and this takes the cancel back, so everything the answer held is released by its own ``finally`` blocks."""
     if _hit(semantic) is not None:
         answer.close()
         return semantic.result()
-    task = asyncio.ensure_future(answer)
+    current = asyncio.current_task()
+    assert current is not None
+    called_off = running = False
+
+    def on_lookup(done: asyncio.Task[Lookup]) -> None:
+        nonlocal called_off
+        if running and _hit(done) is not None and sink.status is None:
+            called_off = True
+            current.cancel()
+    semantic.add_done_callback(on_lookup)
+    running = True
     try:
-        await asyncio.wait({task, semantic}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done() and _hit(semantic) is not None and sink.status is None:
-            task.cancel()
-        await asyncio.wait({task})
-    except BaseException:  # the request itself was cancelled (the client left): so is its answer
-        task.cancel()
-        await asyncio.wait({task})
-        raise
-    if task.cancelled() or isinstance(task.exception(), CalledOff):
+        await answer
+    except CalledOff:
         return semantic.result()
-    task.result()  # the answer's own outcome, if it raised one
+    except asyncio.CancelledError:
+        if not called_off:
+            raise
+        current.uncancel()
+        return semantic.result()
+    finally:
+        running = False
+        semantic.remove_done_callback(on_lookup)
     if semantic.done() and not semantic.cancelled() and not semantic.result().hit:
         return semantic.result()  # a miss (or a bypass), with its reason
     return None
