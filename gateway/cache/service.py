@@ -323,7 +323,7 @@ class SemanticCache:
                 try:
                     entry = await self._guarded(self.store.get(entry_id))
                     if entry is not None:  # evicted or expired meanwhile, it is not stored again
-                        vector = await self.embedder.embed(entry.question)
+                        vector = await self.embedder.embed(entry.question, embedders.BACKGROUND)
                         await self._put(dataclasses.replace(entry, vector=vector), self.spec)
                 except StoreUnavailable:
                     continue

@@ -34,7 +34,7 @@ class FakeEmbedder:
         self.wait_s = wait_s
         self.calls = 0
 
-    async def embed(self, text: str) -> np.ndarray:
+    async def embed(self, text: str, priority: int = 0) -> np.ndarray:
         self.calls += 1
         vector = np.zeros(self.dim, np.float32)
         vector[hash(text) % self.dim] = 1.0
