@@ -281,9 +281,12 @@ def cmd_worker_render(args: argparse.Namespace) -> None:
 
 
 def cmd_cache_eval(args: argparse.Namespace) -> None:
-    from gateway.cache.evaluate import GPTCACHE, PAIRS, report
+    from gateway.cache.evaluate import EMBEDDERS, GPTCACHE, PAIRS, PAIRS_KO, report
 
-    text, results = report(args.threshold, Path(args.data or GPTCACHE), Path(args.pairs or PAIRS))
+    embedders = EMBEDDERS if args.embedder == "all" else (args.embedder,)
+    pair_files = [Path(p) for p in args.pairs] if args.pairs else [PAIRS, PAIRS_KO]
+    data = None if args.data == "" else Path(args.data or GPTCACHE)
+    text, results = report(args.threshold, data, pair_files, embedders)
     print(text)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2, ensure_ascii=False))
@@ -366,8 +369,12 @@ def build_parser() -> argparse.ArgumentParser:
     cache = sub.add_parser("cache", help="response cache tools").add_subparsers(dest="cache_command", required=True)
     evaluate = cache.add_parser("eval", help="quality report: hit rate, wrong and near-miss hits, verifier on/off")
     evaluate.add_argument("--threshold", type=float, default=0.95)
-    evaluate.add_argument("--data", help="GPTCache mock_data.json (default: loadtest/data/gptcache/mock_data.json)")
-    evaluate.add_argument("--pairs", help="near-miss/paraphrase YAML (default: loadtest/data/cache_pairs.yaml)")
+    evaluate.add_argument("--embedder", choices=("e5", "minilm", "all"), default="e5",
+                          help="the embedder measured (all: each in turn)")
+    evaluate.add_argument("--data", help="GPTCache mock_data.json (default: loadtest/data/gptcache/mock_data.json; "
+                                         "'' leaves it out)")
+    evaluate.add_argument("--pairs", nargs="+", help="near-miss/paraphrase YAML files (default: "
+                                                     "loadtest/data/cache_pairs.yaml and cache_pairs_ko.yaml)")
     evaluate.add_argument("--out", help="also write the figures as JSON here")
     evaluate.set_defaults(func=cmd_cache_eval)
 

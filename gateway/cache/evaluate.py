@@ -1,30 +1,54 @@
 """`tollgate cache eval`: the semantic cache's quality, measured with the same code that serves hits.
 
-Two data sets:
+Per embedder (all-MiniLM-L6-v2 or multilingual-e5-small), two kinds of data:
 - GPTCache's question pairs (loadtest/data/gptcache, MIT): originals indexed, rewrites queried. Hit rate; hits whose top
   candidate is another question's original (wrong original on top); and the false-hit rate when each
-  query's own original is left out (every hit is then a wrong answer).
-- loadtest/data/cache_pairs.yaml: near-miss pairs (a hit is a wrong answer) and paraphrase pairs
-  (a hit is right), by category.
+  query's own original is left out (every hit is then counted wrong, though the set holds originals that restate
+  one another). Also swept over thresholds, from the same vectors.
+- Hand-written pair files (loadtest/data/cache_pairs.yaml, English; cache_pairs_ko.yaml, Korean): near-miss pairs
+  (a hit is a wrong answer) by category, and paraphrase pairs (a hit is right); ``paraphrase_second_round`` holds
+  paraphrases written after the verifier was tuned, reported apart.
 Each figure at the threshold, with the verifier on and off.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import yaml
 
-from gateway.cache.embedder import MiniLMEmbedder
 from gateway.cache.verifier import verify
 
 ROOT = Path(__file__).resolve().parents[2]
 GPTCACHE = ROOT / "loadtest" / "data" / "gptcache" / "mock_data.json"
 PAIRS = ROOT / "loadtest" / "data" / "cache_pairs.yaml"
+PAIRS_KO = ROOT / "loadtest" / "data" / "cache_pairs_ko.yaml"
+EMBEDDERS = ("e5", "minilm")
+SWEEP = (0.95, 0.96, 0.97, 0.98, 0.985, 0.99)
+
+
+class BatchEmbedder(Protocol):
+    name: str
+
+    def embed_many(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    def close(self) -> None: ...
+
+
+def load_embedder(kind: str) -> BatchEmbedder:
+    """The embedder the report measures, by its short name (see EMBEDDERS)."""
+    from gateway.cache.embedder import E5Embedder, MiniLMEmbedder
+
+    if kind == "e5":
+        return E5Embedder()
+    if kind == "minilm":
+        return MiniLMEmbedder()
+    raise ValueError(f"unknown embedder {kind!r}: one of {', '.join(EMBEDDERS)}")
 
 
 @dataclass
@@ -40,29 +64,33 @@ def _served(cosine: float, reason: str | None, threshold: float, verifier: bool)
     return cosine >= threshold and (not verifier or reason is None)
 
 
-def gptcache(embedder: MiniLMEmbedder, path: Path, threshold: float) -> dict[str, Any]:
+def gptcache(embedder: BatchEmbedder, path: Path, threshold: float,
+             sweep: Sequence[float] = ()) -> dict[str, Any]:
     data = json.loads(path.read_text())
     originals = sorted({d["origin"] for d in data})
     position = {q: i for i, q in enumerate(originals)}
     index_vecs = embedder.embed_many(originals)
     query_vecs = embedder.embed_many([d["similar"] for d in data])
     scores = query_vecs @ index_vecs.T
-    out: dict[str, Any] = {"queries": len(data), "originals": len(originals), "threshold": threshold}
-    for verifier in (False, True):
+    orders = np.argsort(-scores, axis=1)[:, :5]
+
+    def measure(at: float, verifier: bool) -> dict[str, Any]:
         hits = right = wrong = false_hits = 0
         for row, d in enumerate(data):
             own = position[d["origin"]]
-            order = np.argsort(-scores[row])
-            hit = _first_served(order, scores[row], originals, d["similar"], threshold, verifier, skip=None)
+            hit = _first_served(orders[row], scores[row], originals, d["similar"], at, verifier, skip=None)
             if hit is not None:
                 hits += 1
                 right += hit == own
                 wrong += hit != own
-            if _first_served(order, scores[row], originals, d["similar"], threshold, verifier, skip=own) is not None:
+            if _first_served(orders[row], scores[row], originals, d["similar"], at, verifier, skip=own) is not None:
                 false_hits += 1
-        key = "verifier_on" if verifier else "verifier_off"
-        out[key] = {"hit_rate": hits / len(data), "right_original": right, "wrong_original_on_top": wrong,
-                    "false_hit_rate_own_left_out": false_hits / len(data)}
+        return {"hit_rate": hits / len(data), "right_original": right, "wrong_original_on_top": wrong,
+                "false_hit_rate_own_left_out": false_hits / len(data)}
+
+    out: dict[str, Any] = {"queries": len(data), "originals": len(originals), "threshold": threshold,
+                           "verifier_off": measure(threshold, False), "verifier_on": measure(threshold, True)}
+    out["sweep_verifier_on"] = {str(at): measure(at, True) for at in sweep}
     return out
 
 
@@ -79,10 +107,11 @@ def _first_served(order: np.ndarray, row: np.ndarray, originals: list[str], quer
     return None
 
 
-def pairs(embedder: MiniLMEmbedder, path: Path) -> tuple[list[PairResult], list[PairResult]]:
+def pairs(embedder: BatchEmbedder, path: Path) -> tuple[list[PairResult], list[PairResult]]:
+    """Near-misses (category per row) and paraphrases (category ``paraphrase`` or ``paraphrase_second_round``)."""
     doc = yaml.safe_load(path.read_text())
     near = [(cat, a, b) for cat, items in doc["near_miss"].items() for a, b in items]
-    para = [("paraphrase", a, b) for a, b in doc["paraphrase"]]
+    para = [(key, a, b) for key in ("paraphrase", "paraphrase_second_round") for a, b in doc.get(key) or ()]
 
     def score(rows: list[tuple[str, str, str]]) -> list[PairResult]:
         va = embedder.embed_many([a for _, a, _ in rows])
@@ -97,28 +126,33 @@ def _share(part: int, whole: int) -> str:
     return f"{part / whole:.1%}" if whole else "0%"
 
 
-def report(threshold: float = 0.95, data: Path = GPTCACHE, pair_file: Path = PAIRS) -> tuple[str, dict[str, Any]]:
-    embedder = MiniLMEmbedder()
-    results: dict[str, Any] = {"threshold": threshold, "model": embedder.name}
-    lines = [f"### Semantic cache quality (all-MiniLM-L6-v2, cosine >= {threshold})", ""]
-    if data.exists():
-        g = gptcache(embedder, data, threshold)
-        results["gptcache"] = g
-        lines += [f"GPTCache pairs ({g['queries']} rewrites queried against {g['originals']} originals):", "",
-                  "| verifier | hit rate | right / wrong original on top | false hits, own original left out |",
+def _gptcache_lines(g: dict[str, Any]) -> list[str]:
+    lines = [f"GPTCache pairs ({g['queries']} rewrites queried against {g['originals']} originals):", "",
+             "| verifier | hit rate | right / wrong original on top | false hits, own original left out |",
+             "|---|---|---|---|"]
+    for key, label in (("verifier_off", "off"), ("verifier_on", "on")):
+        r = g[key]
+        lines.append(f"| {label} | {r['hit_rate']:.1%} | {r['right_original']} / {r['wrong_original_on_top']} | "
+                     f"{r['false_hit_rate_own_left_out']:.1%} |")
+    if g["sweep_verifier_on"]:
+        lines += ["", "The same, verifier on, by threshold:", "",
+                  "| threshold | hit rate | right / wrong original on top | false hits, own original left out |",
                   "|---|---|---|---|"]
-        for key, label in (("verifier_off", "off"), ("verifier_on", "on")):
-            r = g[key]
-            lines.append(f"| {label} | {r['hit_rate']:.1%} | {r['right_original']} / {r['wrong_original_on_top']} | "
+        for at, r in g["sweep_verifier_on"].items():
+            lines.append(f"| {at} | {r['hit_rate']:.1%} | {r['right_original']} / {r['wrong_original_on_top']} | "
                          f"{r['false_hit_rate_own_left_out']:.1%} |")
-        lines.append("")
-    near, para = pairs(embedder, pair_file)
+    return [*lines, ""]
+
+
+def _pair_lines(path: Path, near: list[PairResult], para: list[PairResult], threshold: float
+                ) -> tuple[list[str], dict[str, Any]]:
     by_cat: dict[str, list[PairResult]] = {}
     for r in near:
         by_cat.setdefault(r.category, []).append(r)
-    lines += [f"Hand-written pairs ({pair_file.relative_to(ROOT)}): near-misses served = wrong answers.", "",
-              "| category | pairs | cosine >= threshold | served, verifier off | served, verifier on |",
-              "|---|---|---|---|---|"]
+    name = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    lines = [f"Hand-written pairs ({name}): near-misses served = wrong answers.", "",
+             "| category | pairs | cosine >= threshold | served, verifier off | served, verifier on |",
+             "|---|---|---|---|---|"]
     served_on = served_off = 0
     for cat, rows in by_cat.items():
         above = sum(r.cosine >= threshold for r in rows)
@@ -129,26 +163,55 @@ def report(threshold: float = 0.95, data: Path = GPTCACHE, pair_file: Path = PAI
         lines.append(f"| {cat} | {len(rows)} | {above} | {off} | {on} |")
     lines.append(f"| **all near-misses** | {len(near)} | {sum(r.cosine >= threshold for r in near)} | "
                  f"**{served_off}** | **{served_on}** |")
-    para_off = sum(_served(r.cosine, r.rejected_by, threshold, False) for r in para)
-    para_on = sum(_served(r.cosine, r.rejected_by, threshold, True) for r in para)
-    lines += ["", f"Paraphrases ({len(para)} pairs): hits {para_off} with the verifier off, {para_on} with it on "
-              f"(the verifier costs {para_off - para_on} paraphrase hits, {_share(para_off - para_on, para_off)} of "
-              f"plain cosine's; "
-              f"{sum(r.cosine < threshold for r in para)} paraphrases score below {threshold} and miss anyway).", ""]
+    lines.append("")
+    figures: dict[str, Any] = {}
+    for key in ("paraphrase", "paraphrase_second_round"):
+        rows = [r for r in para if r.category == key]
+        if not rows:
+            continue
+        off = sum(_served(r.cosine, r.rejected_by, threshold, False) for r in rows)
+        on = sum(_served(r.cosine, r.rejected_by, threshold, True) for r in rows)
+        lines += [f"{key} ({len(rows)} pairs): hits {off} with the verifier off, {on} with it on (the verifier "
+                  f"costs {off - on} hits, {_share(off - on, off)} of plain cosine's; "
+                  f"{sum(r.cosine < threshold for r in rows)} score below {threshold} and miss anyway).", ""]
+        figures[key] = {"pairs": len(rows), "hits_verifier_off": off, "hits_verifier_on": on,
+                        "rejected": [(r.a, r.b, r.rejected_by) for r in rows
+                                     if r.cosine >= threshold and r.rejected_by]}
     reasons: dict[str, int] = {}
     for r in near:
         if r.cosine >= threshold and r.rejected_by:
             reasons[r.rejected_by] = reasons.get(r.rejected_by, 0) + 1
-    lines.append("Verifier rejections of near-misses above the threshold, by reason: "
-                 + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1])))
-    results["pairs"] = {"near_miss": len(near), "near_miss_served_verifier_off": served_off,
-                        "near_miss_served_verifier_on": served_on, "paraphrases": len(para),
-                        "paraphrase_hits_verifier_off": para_off, "paraphrase_hits_verifier_on": para_on,
-                        "paraphrase_cost": (para_off - para_on) / para_off if para_off else 0.0,
-                        "rejected_paraphrases": [(r.a, r.b, r.rejected_by) for r in para
-                                                 if r.cosine >= threshold and r.rejected_by],
-                        "rejections": reasons,
-                        "served_near_misses": [(r.a, r.b, round(r.cosine, 4)) for r in near
-                                               if _served(r.cosine, r.rejected_by, threshold, True)]}
-    embedder.close()
+    lines += ["Verifier rejections of near-misses above the threshold, by reason: "
+              + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1])), ""]
+    main = figures.get("paraphrase", {"pairs": 0, "hits_verifier_off": 0, "hits_verifier_on": 0, "rejected": []})
+    figures.update({
+        "near_miss": len(near), "near_miss_served_verifier_off": served_off, "near_miss_served_verifier_on": served_on,
+        "paraphrases": main["pairs"], "paraphrase_hits_verifier_off": main["hits_verifier_off"],
+        "paraphrase_hits_verifier_on": main["hits_verifier_on"], "rejected_paraphrases": main["rejected"],
+        "rejections": reasons,
+        "served_near_misses": [(r.category, r.a, r.b, round(r.cosine, 4)) for r in near
+                               if _served(r.cosine, r.rejected_by, threshold, True)]})
+    return lines, figures
+
+
+def report(threshold: float = 0.95, data: Path | None = GPTCACHE, pair_files: Sequence[Path] = (PAIRS, PAIRS_KO),
+           embedders: Sequence[str] = ("e5",)) -> tuple[str, dict[str, Any]]:
+    """The report as markdown, and its figures (per embedder: ``gptcache`` and one entry per pair file)."""
+    results: dict[str, Any] = {"threshold": threshold}
+    lines: list[str] = []
+    for kind in embedders:
+        embedder = load_embedder(kind)
+        figures: dict[str, Any] = {"model": embedder.name}
+        lines += [f"### Semantic cache quality ({embedder.name}, cosine >= {threshold})", ""]
+        try:
+            if data is not None and data.exists():
+                figures["gptcache"] = gptcache(embedder, data, threshold, SWEEP)
+                lines += _gptcache_lines(figures["gptcache"])
+            for path in pair_files:
+                near, para = pairs(embedder, path)
+                text, figures[path.name] = _pair_lines(path, near, para, threshold)
+                lines += text
+        finally:
+            embedder.close()
+        results[kind] = figures
     return "\n".join(lines) + "\n", results
