@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any
@@ -108,7 +109,7 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
     else:
         if ctx.service_class == "batch":  # nobody waits on a batch line's first token: a hit saves the engine
             await asyncio.wait({semantic})
-        gate = Gate(sink, semantic)
+        gate = Gate(sink, semantic, decision.semantic_due)
         found = await race(fresh(gw, ctx, call, gate, relayed, decision, session, pinned), semantic, gate)
         settle(ctx, decision, found, gw.metrics)
         if found is not None and found.hit:
@@ -144,6 +145,7 @@ async def fresh(gw: Gateway, ctx: RequestContext, call: openai_api.Call, sink: S
 
 
 GRACE_S = 0.010  # what a fresh answer's head may wait for a semantic lookup about to end (the issue's bound: 15 ms)
+_SLACK_S = 0.002  # past the lookup's expected end
 
 
 class CalledOff(Exception):
@@ -155,20 +157,23 @@ def _hit(semantic: asyncio.Task[Lookup]) -> Lookup | None:
 
 
 class Gate:
-    """The sink a fresh answer writes through while a semantic lookup races it: the answer's head waits at most
-    ``GRACE_S`` for the lookup to end, and a hit by then calls the answer off before a byte of it goes out. (A
-    worker's first token can come in a few milliseconds; the embedder takes ~20 ms a question here.)"""
+    """The sink a fresh answer writes through while a semantic lookup races it: the answer's head waits for a
+    lookup due to end within ``GRACE_S`` (never for one that cannot hit, nor one due later: on a saturated host the
+    embedder is slow, and waiting would only add to TTFT), and a hit by then calls the answer off before a byte of
+    it goes out. (A worker's first token can come in a few milliseconds; the embedder takes ~20 ms here.)"""
 
-    def __init__(self, sink: Sink, semantic: asyncio.Task[Lookup]) -> None:
-        self.sink, self.semantic = sink, semantic
+    def __init__(self, sink: Sink, semantic: asyncio.Task[Lookup], due: float | None) -> None:
+        self.sink, self.semantic, self.due = sink, semantic, due
 
     @property
     def status(self) -> int | None:
         return self.sink.status
 
     async def start(self, status: int, headers: Headers) -> None:
-        if status == 200 and not self.semantic.done():
-            await asyncio.wait({self.semantic}, timeout=GRACE_S)
+        if status == 200 and not self.semantic.done() and self.due is not None:
+            left = self.due - time.perf_counter()
+            if left <= GRACE_S:
+                await asyncio.wait({self.semantic}, timeout=min(GRACE_S, max(0.0, left) + _SLACK_S))
         if status == 200 and _hit(self.semantic) is not None:
             raise CalledOff
         await self.sink.start(status, headers)

@@ -27,6 +27,7 @@ class CacheDecision:
     store: bool
     lookup: Lookup | None = None
     semantic: asyncio.Task[Lookup] | None = None
+    semantic_due: float | None = None  # perf_counter() time the semantic lookup should end; None: it cannot hit
 
     @property
     def hit(self) -> bool:
@@ -64,6 +65,8 @@ async def decide(cache: SemanticCache | None, ctx: RequestContext, body: dict[st
     if found.result == "bypass":
         metrics.child(metrics.cache_bypass, found.reason or "unknown").inc()
     elif not found.hit and key.semantic:
+        expected = cache.expected_semantic_s(key, spec)
+        decision.semantic_due = None if expected is None else time.perf_counter() + expected
         decision.semantic = asyncio.get_running_loop().create_task(cache.lookup_semantic(key, spec))
         decision.semantic.add_done_callback(_observed(metrics, time.perf_counter()))
     return decision

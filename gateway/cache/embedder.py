@@ -48,7 +48,7 @@ class Embedder(Protocol):
     async def embed(self, text: str, priority: int = LOOKUP) -> np.ndarray: ...
 
     def expected_wait_s(self) -> float:
-        """How long an embed() called now would wait for its vector (0 if unknown)."""
+        """How long an embed() called now would wait for its vector, its own encoding included (0 if unknown)."""
 
     def close(self) -> None: ...
 
@@ -91,7 +91,8 @@ class _Lane:
             self.ready.notify()
 
     def expected_wait_s(self) -> float:
-        return len(self.waiting) * self.seconds_per_text + max(0.0, self.busy_until - time.monotonic())
+        """Until the vector of a text queued now comes back: those ahead of it, the batch in hand, its own."""
+        return (len(self.waiting) + 1) * self.seconds_per_text + max(0.0, self.busy_until - time.monotonic())
 
     def _serve(self) -> None:
         _lower_this_thread(self._nice, self._idle)
@@ -163,7 +164,6 @@ class E5Embedder:
         return await future
 
     def expected_wait_s(self) -> float:
-        """The lookups queued ahead at the measured rate, plus what is left of the batch in hand."""
         return self._lanes[LOOKUP].expected_wait_s()
 
     def close(self) -> None:

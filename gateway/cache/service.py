@@ -176,6 +176,14 @@ class SemanticCache:
         return entry.scope == key.scope and entry.completion_tokens <= key.max_tokens and (
             entry.finish_reason != "length" or entry.max_tokens == key.max_tokens)
 
+    def expected_semantic_s(self, key: CacheKey, spec: CachePolicy) -> float | None:
+        """How long a semantic lookup started now should take, or None if it cannot hit (its scope holds no
+        vector, or the audit turned its semantic layer off): then nothing is worth waiting for."""
+        if self.index is None or self.embedder is None or not self.index.size(key.scope) or \
+                self.threshold(key, spec) is None:
+            return None
+        return self.embedder.expected_wait_s()
+
     def threshold(self, key: CacheKey, spec: CachePolicy) -> float | None:
         """The cosine a semantic hit needs in this key's scope (raised by the audit), or None: its semantic layer
         is off."""

@@ -34,6 +34,9 @@ class ScriptedCache:
         self.asked.append(key)
         return self.found if self.found.result in ("hit-exact", "bypass") else Lookup("miss")
 
+    def expected_semantic_s(self, key: CacheKey, spec: CachePolicy) -> float | None:
+        return 0.02
+
     async def lookup_semantic(self, key: CacheKey, spec: CachePolicy) -> Lookup:
         self.semantic.append(key)
         return self.found
