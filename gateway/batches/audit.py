@@ -19,7 +19,7 @@ import orjson
 from gateway import pipeline
 from gateway.cache.audit import Sample, Verdict
 from gateway.context import RequestContext
-from gateway.endpoints import SERVED
+from gateway.endpoints import SERVED, Endpoint
 from gateway.runtime import Gateway
 from gateway.sink import BufferSink
 
@@ -63,17 +63,40 @@ class CacheAuditor:
 
     async def audit(self, sample: Sample) -> Verdict | None:
         """Ask the sample again and judge it; None when it could not be asked (the tenant left, the engine
-        refused or failed): an audit that did not run counts nothing."""
-        gw, cache = self.gw, self.gw.cache
-        snapshot = gw.store.current
-        tenant = snapshot.tenants.get(sample.tenant)
+        refused or failed): an audit that did not run counts nothing. A disagreement asks the entry's own
+        question again too, to tell a false match from an entry that answers nothing it was asked."""
+        cache, snapshot = self.gw.cache, self.gw.store.current
         endpoint = _BY_NAME.get(sample.endpoint)
-        if cache is None or tenant is None or endpoint is None:
+        if cache is None or endpoint is None or sample.tenant not in snapshot.tenants:
             return None
-        body: dict[str, Any] = {k: v for k, v in sample.body.items() if k not in _DROPPED}
+        spec = snapshot.policy.cache
+        fresh = await self._ask(endpoint, sample.tenant, sample.body)
+        if fresh is None:
+            return None
+        agreement = await cache.agreement(sample.answer, fresh)
+        agreed, stale, own = agreement >= spec.audit.agree_at, False, None
+        if not agreed:
+            control = endpoint.asking(sample.body, sample.cached_question, spec)
+            answer = await self._ask(endpoint, sample.tenant, control) if control is not None else None
+            if answer is not None:
+                own = await cache.agreement(sample.answer, answer)
+                stale = own < spec.audit.agree_at
+        verdict = await cache.audited(sample, agreed, stale, spec)
+        if verdict is not Verdict.AGREED:
+            self._tell(sample, verdict, agreement, own)
+        return verdict
+
+    async def _ask(self, endpoint: Endpoint, tenant: str, asked: dict[str, Any]) -> str | None:
+        """One re-ask through the pipeline as the tenant's batch work at temperature 0; the answer's text."""
+        gw = self.gw
+        snapshot = gw.store.current
+        view = snapshot.tenants.get(tenant)
+        if view is None:
+            return None
+        body = {k: v for k, v in asked.items() if k not in _DROPPED}
         body["temperature"] = 0
         ctx = RequestContext(f"audit-{next(self._ids):x}", snapshot, endpoint)
-        ctx.tenant, ctx.key_id = tenant, KEY_ID
+        ctx.tenant, ctx.key_id = view, KEY_ID
         sink = BufferSink()
         async with pipeline.Lifecycle(gw, ctx, sink):
             await pipeline.run(gw, ctx, orjson.dumps(body), sink, b"no-cache, no-store", "batch")
@@ -83,25 +106,27 @@ class CacheAuditor:
             parsed = endpoint.answer_from_json(b"".join(sink.chunks))
         except ValueError:
             return None
-        if parsed is None:
-            return None
-        spec = gw.store.current.policy.cache
-        agreement = await cache.agreement(sample.answer, parsed[0])
-        verdict = await cache.audited(sample, agreement, spec)
-        if verdict is not Verdict.AGREED:
-            state = cache.audits.scopes[sample.scope]
-            upper = state.upper_bound(spec.audit.confidence)
-            threshold = cache.audits.threshold(sample.scope, spec.threshold)
-            log.warning("cache audit: a wrong semantic hit for tenant %s (%s), purged: asked %r, served the answer "
-                        "to %r (similarity %.4f, answers agree %.3f); scope %s: %d of %d audits wrong, upper bound "
-                        "%.3f; %s", sample.tenant, sample.model, sample.question, sample.cached_question,
-                        sample.similarity, agreement, sample.scope[:16], state.disagreed, state.audited, upper,
-                        {Verdict.WRONG: "threshold kept", Verdict.RAISED: f"threshold raised to {threshold}",
-                         Verdict.OFF: "semantic layer turned off"}[verdict])
-            if verdict is not Verdict.WRONG:
-                webhook = snapshot.policy.spend.webhook_url
-                gw.alerts.raise_alert("cache_false_hits", verdict.value, str(webhook) if webhook else None,
-                                      tenant=sample.tenant,
-                                      model=sample.model, scope=sample.scope[:16], audited=state.audited,
-                                      disagreed=state.disagreed, upper_bound=round(upper, 4), threshold=threshold)
-        return verdict
+        return None if parsed is None else parsed[0]
+
+    def _tell(self, sample: Sample, verdict: Verdict, agreement: float, own: float | None) -> None:
+        """The log line for every wrong hit found, and an alert when a scope's threshold moved."""
+        cache, snapshot = self.gw.cache, self.gw.store.current
+        assert cache is not None
+        spec = snapshot.policy.cache
+        state = cache.audits.scopes[sample.scope]
+        upper = state.upper_bound(spec.audit.confidence)
+        threshold = cache.audits.threshold(sample.scope, spec.threshold)
+        outcome = {Verdict.STALE: "the entry does not answer its own question either (threshold kept)",
+                   Verdict.WRONG: "threshold kept", Verdict.RAISED: f"threshold raised to {threshold}",
+                   Verdict.OFF: "semantic layer turned off"}[verdict]
+        log.warning("cache audit: a wrong semantic hit for tenant %s (%s), purged: asked %r, served the answer to "
+                    "%r (similarity %.4f; the answers agree %.3f, with its own question's %s); scope %s: %d of %d "
+                    "audits wrong, upper bound %.3f; %s", sample.tenant, sample.model, sample.question,
+                    sample.cached_question, sample.similarity, agreement, "n/a" if own is None else f"{own:.3f}",
+                    sample.scope[:16], state.disagreed, state.audited, upper, outcome)
+        if verdict in (Verdict.RAISED, Verdict.OFF):
+            webhook = snapshot.policy.spend.webhook_url
+            self.gw.alerts.raise_alert("cache_false_hits", verdict.value, str(webhook) if webhook else None,
+                                       tenant=sample.tenant, model=sample.model, scope=sample.scope[:16],
+                                       audited=state.audited, disagreed=state.disagreed, upper_bound=round(upper, 4),
+                                       threshold=threshold)

@@ -8,7 +8,9 @@ upper confidence bound on its false-hit rate (Wilson's score interval: with few 
 disagreement among three says more than one among a thousand). A disagreement purges the entry; when the
 bound passes ``audit.max_false_hit_rate`` the scope's threshold rises past the similarity of the wrong hit,
 and past ``audit.max_threshold`` its semantic layer turns off. An entry's first semantic hit is always
-audited, then every ``audit.every``-th: a wrong entry is found within that many of its hits.
+audited, then every ``audit.every``-th: a wrong entry is found within that many of its hits. A disagreement is
+checked once more by asking the entry's own question again: an entry that does not answer even that (stale, or
+planted) is purged without blaming the threshold.
 
 Plain bookkeeping on the event loop (no I/O); the state is this replica's own.
 """
@@ -49,7 +51,8 @@ class Sample:
 
 class Verdict(Enum):
     AGREED = "agreed"
-    WRONG = "wrong"  # the entry is purged; the scope's bound is still within the limit
+    STALE = "stale"  # the entry does not answer even its own question now: purged, no threshold moves
+    WRONG = "wrong"  # the two questions have different answers: purged; the scope's bound is within the limit
     RAISED = "raised"  # wrong, and the scope's threshold rose
     OFF = "off"  # wrong, and the scope's semantic layer turned off
 
@@ -109,8 +112,11 @@ class Audits:
                                    entry.question, entry.answer, similarity, body))
         return True
 
-    def judge(self, sample: Sample, agreed: bool, policy_threshold: float, spec: CacheAudit) -> Verdict:
-        """Count one audit in its scope and say what follows from it."""
+    def judge(self, sample: Sample, agreed: bool, policy_threshold: float, spec: CacheAudit,
+              stale: bool = False) -> Verdict:
+        """Count one audit in its scope and say what follows from it. A wrong answer served counts against the
+        scope either way; only one the engine tells apart from its own question's (not ``stale``) moves the
+        threshold, since a higher threshold cannot keep a wrong entry from a paraphrase."""
         state = self.scopes.pop(sample.scope, None) or ScopeAudit(sample.tenant, sample.model)
         self.scopes[sample.scope] = state
         if len(self.scopes) > _SCOPES_KEPT:
@@ -122,6 +128,8 @@ class Audits:
         state.last_wrong = {"question": sample.question, "cached_question": sample.cached_question,
                             "similarity": round(sample.similarity, 4)}
         self._hits.pop(sample.entry_id, None)
+        if stale:
+            return Verdict.STALE
         if state.upper_bound(spec.confidence) <= spec.max_false_hit_rate:
             return Verdict.WRONG
         raised = max(policy_threshold, state.threshold or 0.0, sample.similarity + _STEP)

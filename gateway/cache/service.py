@@ -253,10 +253,9 @@ class SemanticCache:
         b = await self.embedder.embed(fresh[:_AUDIT_CHARS], embedders.BACKGROUND)
         return float(np.dot(a, b))
 
-    async def audited(self, sample: Sample, agreement: float, spec: CachePolicy) -> Verdict:
+    async def audited(self, sample: Sample, agreed: bool, stale: bool, spec: CachePolicy) -> Verdict:
         """Count one audit; a disagreement purges the entry that was served."""
-        agreed = agreement >= spec.audit.agree_at
-        verdict = self.audits.judge(sample, agreed, spec.threshold, spec.audit)
+        verdict = self.audits.judge(sample, agreed, spec.threshold, spec.audit, stale)
         state = self.audits.scopes[sample.scope]
         labels = (sample.tenant, sample.model, sample.scope[:16])
         self.metrics.child(self.metrics.cache_audits, sample.tenant, sample.model, verdict.value).inc()

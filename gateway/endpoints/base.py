@@ -86,6 +86,11 @@ class Endpoint:
         """What the cache keys this request on, or why it is not cached (a bypass reason)."""
         return "endpoint"
 
+    def asking(self, body: dict[str, Any], question: str, spec: CachePolicy) -> dict[str, Any] | None:
+        """``body`` with its question (what ``question`` keys on) put in its place, or None where the question is
+        not one piece of the body: the cache audit asks a stored question again this way."""
+        return None
+
     def answer_from_json(self, body: bytes) -> Answer | None:
         """(text, finish_reason, usage) of a whole answer, or None if it is not one the cache keeps."""
         return None

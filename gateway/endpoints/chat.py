@@ -67,6 +67,16 @@ class Chat(Generation):
         history = [(m.get("role"), norm(_text(m.get("content")))) for m in turns]
         return system, text, history, len(turns) > 1
 
+    def asking(self, body: dict[str, Any], question: str, spec: CachePolicy) -> dict[str, Any] | None:
+        if spec.lookup_text != "last_user":  # the question is every user turn at once
+            return None
+        messages = list(body["messages"])
+        last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"), None)
+        if last is None:
+            return None
+        messages[last] = {**messages[last], "content": question}
+        return {**body, "messages": messages}
+
     def text_of(self, choice: dict[str, Any]) -> object:
         message = choice.get("message") or {}
         return None if message.get("tool_calls") else message.get("content")

@@ -33,6 +33,9 @@ class Completions(Generation):
             return "prompt_not_text"
         return [], norm(prompt), [("prompt", norm(prompt))], False
 
+    def asking(self, body: dict[str, Any], question: str, spec: CachePolicy) -> dict[str, Any] | None:
+        return {**body, "prompt": question}
+
     def text_of(self, choice: dict[str, Any]) -> object:
         return choice.get("text")
 

@@ -1,7 +1,7 @@
 """The semantic layer beside the request, and the audit of its hits, through the pipeline with the real embedder
 (multilingual-e5-small, on a thread of this process) and a worker over loopback that answers each question from a
-table the test sets: a wrong answer planted in the cache is found by the audit, purged, and its scope's threshold
-raised; a semantic hit that comes first calls off the worker's request; one that comes late leaves the answer."""
+table the test sets: a wrong answer planted in the cache is found by the audit and purged; a false match raises
+its scope's threshold; a right hit is kept; a semantic hit that comes first calls off the worker's request."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ ASKED = "How do I buy bitcoin on Coinbase?"
 PARAPHRASE = "How can I buy bitcoin on Coinbase?"
 RIGHT = "Open the Coinbase app, choose Buy, pick bitcoin, enter an amount and confirm the purchase."
 WRONG = "Paris is the capital of France, on the Seine, with about two million people."
+SELL = "How do I sell bitcoin on Coinbase?"
+SOLD = "Selling is a payout: the dollars reach your linked bank account in one to three business days, minus a fee."
 
 
 class Answers:
@@ -54,10 +56,10 @@ def ask(question: str) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def gateway(answers: Answers) -> AsyncIterator[tuple[Gateway, FakeWorker]]:
+async def gateway(answers: Answers, verifier: bool = True) -> AsyncIterator[tuple[Gateway, FakeWorker]]:
     async with FakeWorker(answers.handle) as worker:
         doc = policy_dict([worker.url])
-        doc["cache"] = {"enabled": True, "audit": {"every": 1}}
+        doc["cache"] = {"enabled": True, "verifier": verifier, "audit": {"every": 1}}
         gw = Gateway(PolicyStore(PolicySnapshot.build(Policy.model_validate(doc), "test")))
         async with gw.lifespan():
             yield gw, worker
@@ -72,11 +74,11 @@ async def stored(gw: Gateway, question: str) -> None:
         await asyncio.wait(set(gw.cache._tasks))
 
 
-def test_a_planted_wrong_answer_is_found_by_the_audit_purged_and_its_scope_threshold_raised() -> None:
+def test_a_planted_wrong_answer_is_found_by_the_audit_purged_and_counted_against_its_scope() -> None:
     async def main() -> None:
         answers = Answers()
         answers.table[ASKED] = (WRONG, 0.0)  # the cache keeps an answer to another question
-        async with gateway(answers) as (gw, worker):
+        async with gateway(answers) as (gw, _):
             await stored(gw, ASKED)
             answers.table[PARAPHRASE] = answers.table[ASKED] = (RIGHT, 1.0)
             ctx, sink = await call(gw, ask(PARAPHRASE))
@@ -84,25 +86,44 @@ def test_a_planted_wrong_answer_is_found_by_the_audit_purged_and_its_scope_thres
             assert orjson.loads(b"".join(sink.chunks))["choices"][0]["message"]["content"] == WRONG
             assert gw.cache is not None and len(gw.cache.audits.pending) == 1
             sample = gw.cache.audits.pending.popleft()
-            answers.table[PARAPHRASE] = (RIGHT, 0.0)
+            answers.table[PARAPHRASE] = answers.table[ASKED] = (RIGHT, 0.0)
             verdict = await CacheAuditor(gw).audit(sample)
-            # one disagreement in one audit: the bound is far past 2%, so the scope needs more than that hit had
+            assert verdict is Verdict.STALE, "the entry does not answer its own question either"
+            hit_ask, own_ask = answers.bodies[-2:]
+            assert [b["messages"][-1]["content"] for b in (hit_ask, own_ask)] == [PARAPHRASE, ASKED]
+            assert hit_ask["temperature"] == 0 and "stream" not in hit_ask
             spec = gw.store.current.policy.cache.audit
-            assert verdict is (Verdict.RAISED if sample.similarity + 0.005 <= spec.max_threshold else Verdict.OFF)
-            audit_ask = answers.bodies[-1]
-            assert audit_ask["temperature"] == 0 and "stream" not in audit_ask
-            assert worker.heads[-1].get("x-tollgate-class", "batch") == "batch"
             (scope,) = gw.cache.audits.report(spec, 0.95)
             assert scope["disagreed"] == 1 and scope["upper_bound"] > spec.max_false_hit_rate
-            assert scope["threshold"] is None or scope["threshold"] > sample.similarity
+            assert scope["threshold"] == 0.95, "a higher threshold would not keep a wrong entry from a paraphrase"
             ctx, _ = await call(gw, ask(PARAPHRASE))
-            assert ctx.cache in ("miss", "bypass") and answers.bodies[-1]["messages"][-1]["content"] == PARAPHRASE, \
-                "the wrong entry is gone, and the scope now needs more"
+            assert ctx.cache == "miss" and answers.bodies[-1]["messages"][-1]["content"] == PARAPHRASE, \
+                "the wrong entry is gone"
             ran = gw.metrics.registry.get_sample_value("tollgate_requests_total",
                                                        {"tier": "batch", "model": MODEL, "status": "200"})
-            assert ran == 1, "the re-ask ran as batch work"
+            assert ran == 2, "both re-asks ran as batch work"
             assert gw.metrics.registry.get_sample_value(
-                "tollgate_cache_audits_total", {"tenant": "demo", "model": MODEL, "verdict": verdict.value}) == 1
+                "tollgate_cache_audits_total", {"tenant": "demo", "model": MODEL, "verdict": "stale"}) == 1
+    asyncio.run(main())
+
+
+def test_a_false_match_raises_its_scopes_threshold_past_the_hits_similarity() -> None:
+    async def main() -> None:
+        answers = Answers()
+        answers.table[ASKED] = (RIGHT, 0.0)
+        async with gateway(answers, verifier=False) as (gw, _):  # the verifier would refuse buying for selling
+            await stored(gw, ASKED)
+            answers.table[SELL] = (SOLD, 1.0)
+            ctx, _ = await call(gw, ask(SELL))
+            assert ctx.cache == "hit-semantic" and gw.cache is not None
+            answers.table[SELL] = (SOLD, 0.0)
+            sample = gw.cache.audits.pending.popleft()
+            assert await CacheAuditor(gw).audit(sample) is Verdict.RAISED, "1 of 1 wrong: the bound is past 2%"
+            (scope,) = gw.cache.audits.report(gw.store.current.policy.cache.audit, 0.95)
+            assert scope["threshold"] == round(sample.similarity + 0.005, 4) and scope["semantic"]
+            assert gw.metrics.registry.get_sample_value(
+                "tollgate_cache_audit_threshold", {"tenant": "demo", "model": MODEL, "scope": sample.scope[:16]}) \
+                == scope["threshold"]
     asyncio.run(main())
 
 

@@ -66,3 +66,10 @@ def test_one_wrong_hit_among_many_right_ones_is_purged_but_moves_no_threshold() 
         audits.judge(sample(), True, 0.95, SPEC)
     assert audits.judge(sample(), False, 0.95, SPEC) is Verdict.WRONG
     assert audits.threshold("scope-a", 0.95) == 0.95
+
+
+def test_a_stale_entry_counts_against_its_scope_but_moves_no_threshold() -> None:
+    audits = Audits()
+    assert audits.judge(sample(), False, 0.95, SPEC, stale=True) is Verdict.STALE
+    (row,) = audits.report(SPEC, 0.95)
+    assert row["disagreed"] == 1 and row["threshold"] == 0.95 and row["semantic"]
