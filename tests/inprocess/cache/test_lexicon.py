@@ -42,8 +42,9 @@ def test_words_that_change_an_answer_are_not_filler() -> None:
     assert not (set(lexicon.NUMBER_WORDS) - {"one"}) & lexicon.FILLER  # "one" as in "which one"
 
 
-def test_quantifiers_claim_one_of_five_things() -> None:
-    assert set(lexicon.QUANTIFIERS.values()) == {"some", "all", "none", "most", "few"}
+def test_quantifiers_claim_one_of_seven_things() -> None:
+    """Korean tells "each" (각 행의 합계) from "all" (전체 합계), and marks "only" (하나만) with a particle."""
+    assert set(lexicon.QUANTIFIERS.values()) == {"some", "all", "none", "most", "few", "each", "only"}
     assert (lexicon.QUANTIFIERS["any"], lexicon.QUANTIFIERS["every"], lexicon.QUANTIFIERS["모든"]) == \
         ("some", "all", "all")
 
