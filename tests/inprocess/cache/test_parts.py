@@ -12,7 +12,7 @@ import orjson
 import pytest
 import redis
 
-from gateway.cache.evaluate import GPTCACHE, PAIRS, gptcache, pairs
+from gateway.cache.evaluate import GPTCACHE, PAIRS, PAIRS_KO, gptcache, pairs
 from gateway.cache.index import VectorIndex
 from gateway.cache.keys import CacheKey, cache_key, detect_language
 from gateway.cache.replay import json_body
@@ -231,6 +231,40 @@ def test_quality_on_the_hand_written_pairs(embedder: Any) -> None:
     plain = sum(r.cosine >= 0.95 for r in para)
     kept = sum(r.cosine >= 0.95 and r.rejected_by is None for r in para)
     assert plain >= 60 and plain - kept <= 0.05 * plain, "the verifier costs at most 5% of plain cosine's hits"
+
+
+@pytest.fixture(scope="module")
+def e5() -> Any:
+    from gateway.cache.embedder import E5Embedder
+
+    model = E5Embedder()
+    yield model
+    model.close()
+
+
+@pytest.mark.quality
+def test_quality_on_the_korean_pairs_with_e5(e5: Any) -> None:
+    """On e5 Korean paraphrases and must-miss pairs both score near 0.97, so the verifier decides: no must-miss may be
+    served (the held-out second round included), and at least half of the paraphrases must be."""
+    near, para = pairs(e5, PAIRS_KO)
+    assert len(near) >= 150 and len(para) >= 80
+    assert sum(r.category == "second_round" for r in near) >= 40
+    assert sum(r.category == "paraphrase_second_round" for r in para) >= 30
+    above = [r for r in near if r.cosine >= 0.95]
+    assert len(above) >= 0.7 * len(near), "the set exercises the verifier, not the threshold"
+    served = [(r.a, r.b) for r in above if r.rejected_by is None]
+    assert served == [], "no Korean near-miss may be served with the verifier on"
+    hits = sum(r.cosine >= 0.95 and r.rejected_by is None for r in para)
+    assert hits >= 0.5 * len(para), f"{hits} of {len(para)} Korean paraphrases hit"
+
+
+@pytest.mark.quality
+def test_quality_on_the_english_pairs_with_e5(e5: Any) -> None:
+    near, para = pairs(e5, PAIRS)
+    served = [(r.a, r.b) for r in near if r.cosine >= 0.95 and r.rejected_by is None]
+    assert served == [], "no English near-miss may be served with the verifier on"
+    assert sum(r.cosine >= 0.95 for r in near) >= 100, "on e5 most near-misses reach the verifier"
+    assert sum(r.cosine >= 0.95 and r.rejected_by is None for r in para) >= 100
 
 
 @pytest.mark.quality
