@@ -413,9 +413,9 @@ def _infinitive(stem: str) -> str:
     return stem[:-1] + _compose(initial, contracted, 0)
 
 
-def _verb_forms(stem: str) -> dict[str, bool]:
+def _verb_forms(stem: str) -> dict[str, bool | str]:
     """Surface forms of a stem, each with whether it needs an ending after it (파 alone is not 팔다)."""
-    forms = {stem: False}
+    forms: dict[str, bool | str] = {stem: False}
     last = stem[-1]
     _, _, final = _jamo(last)
     if stem in KO_B_IRREGULAR:
@@ -425,9 +425,8 @@ def _verb_forms(stem: str) -> dict[str, bool]:
     if final == 0:
         for coda in (_N, _L, _B, _M):
             forms[stem[:-1] + _with_final(last, coda)] = coda == _B
-    elif final == _L:
-        dropped = stem[:-1] + _with_final(last, 0)
-        forms[dropped] = True
+    elif final == _L:  # the ㄹ drops before ㄴ, ㅂ, ㅅ and 오 (파는, 판, 팝니다, 파세요): 아이 is no form of 알다
+        forms[stem[:-1] + _with_final(last, 0)] = "dropped"
         forms[stem[:-1] + _with_final(last, _N)] = True
         forms[stem[:-1] + _with_final(last, _B)] = True
     else:
@@ -440,8 +439,8 @@ def _verb_forms(stem: str) -> dict[str, bool]:
     return forms
 
 
-def _build_verb_forms() -> dict[str, tuple[str, bool]]:
-    out: dict[str, tuple[str, bool]] = {}
+def _build_verb_forms() -> dict[str, tuple[str, bool | str]]:
+    out: dict[str, tuple[str, bool | str]] = {}
     for stem in sorted({s for pair in KO_VERB_ANTONYMS for s in pair}, key=len):
         for form, needs_ending in _verb_forms(stem).items():
             out[form] = (f"{stem}다", needs_ending)
@@ -478,6 +477,8 @@ def _ko_verb(word: str) -> str | None:
         hit = _KO_VERB_FORMS.get(word[:size])
         if hit is not None:
             rest = word[size:]
+            if hit[1] == "dropped" and not (rest and (_jamo(rest[0])[0] in (2, 9) or rest[0] == "오")):
+                continue
             if (rest or not hit[1]) and _ending(rest):
                 return hit[0]
     return None
@@ -655,6 +656,8 @@ def _ko_tokens(text: str) -> tuple[tuple[str, ...], frozenset[tuple[str, str]]]:
         out, role, only = _ko_words(word, previous, following, numbered)
         if role:
             roles.update((t, role) for t in out[-1:] if t != "not")
+            if glued and previous.isalpha():  # A팀이 B팀을: the Latin part names which one
+                roles.add((tokens[-1], role))
         tokens.extend(out)
         if only:
             tokens.append("~만")

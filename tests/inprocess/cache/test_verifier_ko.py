@@ -27,6 +27,7 @@ def test_particles_give_roles_so_a_swap_of_source_and_destination_is_refused() -
     assert verify("강아지가 고양이를 무서워하나요?", "고양이가 강아지를 무서워하나요?") == "direction"
     assert verify("자바 코드를 파이썬으로 바꿔줘", "파이썬 코드를 자바로 바꿔줘") == "direction"
     assert verify("자바가 파이썬보다 빠른가요?", "파이썬이 자바보다 빠른가요?") == "direction"
+    assert verify("B팀이 A팀을 이겼어?", "A팀이 B팀을 이겼어?") == "direction"  # the Latin part glued on
     assert verify("서울에서 부산까지 몇 시간 걸려요?", "부산까지 서울에서 몇 시간 걸려요?") is None  # order alone
     assert verify("고양이가 초콜릿 먹어도 되나요?", "고양이는 초콜릿을 먹어도 되나요?") is None  # particle changed
 
@@ -65,6 +66,7 @@ def test_negation_markers_are_not_read_inside_other_words() -> None:
     ("포트를 여는 방법", "포트를 닫는 방법"),
     ("가장 빠른 길", "가장 느린 길"),
     ("더 쉬운 언어", "더 어려운 언어"),
+    ("그 사람 알아?", "그 사람 몰라?"),
 ])
 def test_antonym_stems_are_matched_across_conjugations(buy: str, sell: str) -> None:
     assert verify(sell, buy) == "antonym"
@@ -73,6 +75,8 @@ def test_antonym_stems_are_matched_across_conjugations(buy: str, sell: str) -> N
 def test_a_verb_form_is_not_read_inside_a_noun() -> None:
     assert "사다" not in features("사과 3개").tokens  # 사과 "apple" is not 사 + ending
     assert "팔다" not in features("파이썬 설치").tokens  # 파 needs an ending to be 팔다
+    assert "알다" not in features("다섯 살 아이").tokens  # 알다 drops its ㄹ only before ㄴ, ㅂ, ㅅ, 오
+    assert "알다" in features("아는 사람").tokens
     assert verify("비트코인 어떻게 사?", "비트코인을 어떻게 사나요?") is None
 
 
