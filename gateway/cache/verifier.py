@@ -4,8 +4,11 @@ Embeddings place "convert km to miles" and "convert miles to km" at cosine 0.99:
 the answer is not. This check compares what changes an answer (numbers, units and their order,
 negation, which phrase is the source and which the destination, quantifiers, polar words, times,
 comparatives, named entities, and any small substitution of a content word) and names the first difference
-it finds. It is plain Python on two short strings: tens of
-microseconds. It works on English and Korean text (particles stripped, Korean cue words listed).
+it finds. It is plain Python on two short strings: measured here, ~140 us to read a new question (English or
+Korean) and under 10 us a pair once both are read (``features`` is cached).
+
+Korean is read by its morphology (see the Korean section below): on multilingual-e5 Korean paraphrases and
+must-miss pairs both score near 0.97, so these rules, not the threshold, decide.
 """
 
 from __future__ import annotations
@@ -270,7 +273,7 @@ def _preposition_object_swap(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
 
 _SHORT = 20  # tokens: a question rather than a passage
 
-_DIRECTIONAL = {"to", "into", "from", "than", "vs", "versus", "over", "per", "에서", "까지"}
+_DIRECTIONAL = {"to", "into", "from", "than", "vs", "versus", "over", "per"}
 
 
 def _operands_swapped(a: tuple[str, ...], b: tuple[str, ...], entities: frozenset[str], roles_known: bool) -> bool:
