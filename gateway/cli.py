@@ -368,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cache = sub.add_parser("cache", help="response cache tools").add_subparsers(dest="cache_command", required=True)
     evaluate = cache.add_parser("eval", help="quality report: hit rate, wrong and near-miss hits, verifier on/off")
-    evaluate.add_argument("--threshold", type=float, default=0.95)
+    evaluate.add_argument("--threshold", type=float, help="default: each embedder's own (the policy's default)")
     evaluate.add_argument("--embedder", choices=("e5", "minilm", "all"), default="e5",
                           help="the embedder measured (all: each in turn)")
     evaluate.add_argument("--data", help="GPTCache mock_data.json (default: loadtest/data/gptcache/mock_data.json; "

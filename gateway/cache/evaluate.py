@@ -23,12 +23,14 @@ import numpy as np
 import yaml
 
 from gateway.cache.verifier import verify
+from gateway.policy.schema import CachePolicy, E5Embedding, SentenceTransformersEmbedding
 
 ROOT = Path(__file__).resolve().parents[2]
 GPTCACHE = ROOT / "loadtest" / "data" / "gptcache" / "mock_data.json"
 PAIRS = ROOT / "loadtest" / "data" / "cache_pairs.yaml"
 PAIRS_KO = ROOT / "loadtest" / "data" / "cache_pairs_ko.yaml"
 EMBEDDERS = ("e5", "minilm")
+SPECS = {"e5": E5Embedding(), "minilm": SentenceTransformersEmbedding(kind="sentence-transformers")}
 SWEEP = (0.95, 0.96, 0.97, 0.98, 0.985, 0.99)
 
 
@@ -194,22 +196,25 @@ def _pair_lines(path: Path, near: list[PairResult], para: list[PairResult], thre
     return lines, figures
 
 
-def report(threshold: float = 0.95, data: Path | None = GPTCACHE, pair_files: Sequence[Path] = (PAIRS, PAIRS_KO),
+def report(threshold: float | None = None, data: Path | None = GPTCACHE,
+           pair_files: Sequence[Path] = (PAIRS, PAIRS_KO),
            embedders: Sequence[str] = ("e5",)) -> tuple[str, dict[str, Any]]:
-    """The report as markdown, and its figures (per embedder: ``gptcache`` and one entry per pair file)."""
-    results: dict[str, Any] = {"threshold": threshold}
+    """The report as markdown, and its figures (per embedder: ``gptcache`` and one entry per pair file), at
+    ``threshold`` or else each embedder's own default (what the policy uses when it names none)."""
+    results: dict[str, Any] = {}
     lines: list[str] = []
     for kind in embedders:
         embedder = load_embedder(kind)
-        figures: dict[str, Any] = {"model": embedder.name}
-        lines += [f"### Semantic cache quality ({embedder.name}, cosine >= {threshold})", ""]
+        own = threshold if threshold is not None else CachePolicy(embedder=SPECS[kind]).threshold
+        figures: dict[str, Any] = {"model": embedder.name, "threshold": own}
+        lines += [f"### Semantic cache quality ({embedder.name}, cosine >= {own})", ""]
         try:
             if data is not None and data.exists():
-                figures["gptcache"] = gptcache(embedder, data, threshold, SWEEP)
+                figures["gptcache"] = gptcache(embedder, data, own, SWEEP)
                 lines += _gptcache_lines(figures["gptcache"])
             for path in pair_files:
                 near, para = pairs(embedder, path)
-                text, figures[path.name] = _pair_lines(path, near, para, threshold)
+                text, figures[path.name] = _pair_lines(path, near, para, own)
                 lines += text
         finally:
             embedder.close()

@@ -56,10 +56,10 @@ def ask(question: str) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def gateway(answers: Answers, verifier: bool = True) -> AsyncIterator[tuple[Gateway, FakeWorker]]:
+async def gateway(answers: Answers, **cache: Any) -> AsyncIterator[tuple[Gateway, FakeWorker]]:
     async with FakeWorker(answers.handle) as worker:
         doc = policy_dict([worker.url])
-        doc["cache"] = {"enabled": True, "verifier": verifier, "audit": {"every": 1}}
+        doc["cache"] = {"enabled": True, "audit": {"every": 1}, **cache}
         gw = Gateway(PolicyStore(PolicySnapshot.build(Policy.model_validate(doc), "test")))
         async with gw.lifespan():
             yield gw, worker
@@ -92,10 +92,10 @@ def test_a_planted_wrong_answer_is_found_by_the_audit_purged_and_counted_against
             hit_ask, own_ask = answers.bodies[-2:]
             assert [b["messages"][-1]["content"] for b in (hit_ask, own_ask)] == [PARAPHRASE, ASKED]
             assert hit_ask["temperature"] == 0 and "stream" not in hit_ask
-            spec = gw.store.current.policy.cache.audit
-            (scope,) = gw.cache.audits.report(spec, 0.95)
-            assert scope["disagreed"] == 1 and scope["upper_bound"] > spec.max_false_hit_rate
-            assert scope["threshold"] == 0.95, "a higher threshold would not keep a wrong entry from a paraphrase"
+            spec = gw.store.current.policy.cache
+            (scope,) = gw.cache.audits.report(spec.audit, spec.threshold)
+            assert scope["disagreed"] == 1 and scope["upper_bound"] > spec.audit.max_false_hit_rate
+            assert scope["threshold"] == spec.threshold, "a higher one would not keep a wrong entry from a paraphrase"
             ctx, _ = await call(gw, ask(PARAPHRASE))
             assert ctx.cache == "miss" and answers.bodies[-1]["messages"][-1]["content"] == PARAPHRASE, \
                 "the wrong entry is gone"
@@ -111,7 +111,8 @@ def test_a_false_match_raises_its_scopes_threshold_past_the_hits_similarity() ->
     async def main() -> None:
         answers = Answers()
         answers.table[ASKED] = (RIGHT, 0.0)
-        async with gateway(answers, verifier=False) as (gw, _):  # the verifier would refuse buying for selling
+        # the verifier would refuse buying for selling (cosine 0.979)
+        async with gateway(answers, verifier=False, threshold=0.95) as (gw, _):
             await stored(gw, ASKED)
             answers.table[SELL] = (SOLD, 1.0)
             ctx, _ = await call(gw, ask(SELL))
@@ -120,7 +121,7 @@ def test_a_false_match_raises_its_scopes_threshold_past_the_hits_similarity() ->
             sample = gw.cache.audits.pending.popleft()
             assert await CacheAuditor(gw).audit(sample) is Verdict.RAISED, "1 of 1 wrong: the bound is past 2%"
             (scope,) = gw.cache.audits.report(gw.store.current.policy.cache.audit, 0.95)
-            assert scope["threshold"] == round(sample.similarity + 0.005, 4) and scope["semantic"]
+            assert scope["threshold"] == round(sample.similarity + 0.005, 4) > 0.95 and scope["semantic"]
             assert gw.metrics.registry.get_sample_value(
                 "tollgate_cache_audit_threshold", {"tenant": "demo", "model": MODEL, "scope": sample.scope[:16]}) \
                 == scope["threshold"]
