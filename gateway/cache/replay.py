@@ -10,10 +10,12 @@ from gateway.endpoints.base import Endpoint
 
 
 def usage(entry: Entry, layer: str) -> dict[str, Any]:
-    """The original token counts, marked as served from the cache (nothing was generated for them)."""
+    """The original token counts, marked as served from the response cache in fields of its own.
+    ``prompt_tokens_details.cached_tokens`` is the engine's prefix cache, which served nothing here: 0, as the
+    ledger records it (a client that reads it as "prompt tokens billed at the cached rate" must not find them all)."""
     return {"prompt_tokens": entry.prompt_tokens, "completion_tokens": entry.completion_tokens,
             "total_tokens": entry.prompt_tokens + entry.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": entry.prompt_tokens}, "cached": True, "cache_layer": layer}
+            "prompt_tokens_details": {"cached_tokens": 0}, "cached": True, "cache_layer": layer}
 
 
 def json_body(endpoint: Endpoint, entry: Entry, model: str, layer: str) -> bytes:

@@ -62,8 +62,6 @@ def validate_sampling(body: dict[str, Any]) -> str:
 
 
 def _temperature_bucket(value: object) -> str:
-    if value is None:
-        return "default"
     t = float(value)  # type: ignore[arg-type]
     return "0" if t == 0 else f"<={min(2.0, (int(t * 10) + 1) / 10):.1f}"
 
@@ -110,7 +108,9 @@ class Generation(Endpoint, abc.ABC):
         if body.get("logprobs") or body.get("echo"):
             return "logprobs"
         temperature = body.get("temperature")
-        if temperature is not None and temperature > spec.max_temperature:
+        if temperature is None:  # the engine samples at its default (vLLM's and OpenAI's: 1.0)
+            temperature = spec.default_temperature
+        if temperature > spec.max_temperature:
             return "temperature"
         if not spec.tools and (body.get("tools") or body.get("functions")):
             return "tools"

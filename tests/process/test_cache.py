@@ -38,8 +38,11 @@ def cache_policy(worker: str, **cache: Any) -> dict[str, Any]:
 
 def ask(gw: Proc, question: str, key: str = DEMO_KEY, headers: dict[str, str] | None = None,
         **body: Any) -> httpx.Response:
-    payload = {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 8, **body}
-    return httpx.post(gw.url + "/v1/chat/completions", json=payload, timeout=30,
+    """A cacheable question (greedy unless ``body`` says otherwise; temperature=None sends none)."""
+    payload = {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 8, "temperature": 0,
+               **body}
+    return httpx.post(gw.url + "/v1/chat/completions", json={k: v for k, v in payload.items() if v is not None},
+                      timeout=30,
                       headers={"authorization": f"Bearer {key}", **(headers or {})})
 
 
@@ -89,9 +92,24 @@ def test_exact_semantic_and_near_miss(cached_gateway: Proc) -> None:
     assert metric_value(gw.url, "tollgate_cache_tokens_saved_total", direction="completion") >= 16
 
     with_client = openai.OpenAI(base_url=gw.url + "/v1", api_key=DEMO_KEY, max_retries=0)
-    hit = with_client.chat.completions.create(model=MODEL, max_tokens=8,
-                                              messages=[{"role": "user", "content": "How do I reset my router?"}])
+    raw = with_client.chat.completions.with_raw_response.create(
+        model=MODEL, max_tokens=8, temperature=0, messages=[{"role": "user", "content": "How do I reset my router?"}])
+    hit = raw.parse()
     assert hit.choices[0].message.content == answer(first)
+    # the response cache says so in fields of its own; cached_tokens is the engine's prefix cache: none here
+    assert hit.usage is not None and hit.usage.prompt_tokens_details.cached_tokens == 0
+    assert hit.usage.model_extra == {"cached": True, "cache_layer": "hit-exact"}
+    request_id = raw.headers["x-request-id"]
+
+    def recorded() -> dict[str, Any] | None:
+        rows = httpx.get(gw.url + "/admin/ledger", params={"format": "json"}, timeout=30,
+                         headers={"authorization": f"Bearer {ADMIN_TOKEN}"}).json()["data"]
+        return next((r for r in rows if r["request_id"] == request_id), None)
+    assert wait_for(lambda: recorded() is not None)
+    row = recorded()
+    assert row is not None and row["cache"] == "hit-exact"
+    assert (row["prompt_tokens"], row["completion_tokens"], row["cached_tokens"]) == (
+        hit.usage.prompt_tokens, hit.usage.completion_tokens, 0), "the ledger agrees with what the client was told"
 
 
 def test_never_across_tenants_system_prompts_or_models(cached_gateway: Proc) -> None:
@@ -110,19 +128,22 @@ def test_never_across_tenants_system_prompts_or_models(cached_gateway: Proc) -> 
     def with_system(text: str) -> httpx.Response:
         return httpx.post(gw.url + "/v1/chat/completions", timeout=30,
                           headers={"authorization": f"Bearer {DEMO_KEY}", **probe},
-                          json={"model": MODEL, "max_tokens": 8, "messages": [
+                          json={"model": MODEL, "max_tokens": 8, "temperature": 0, "messages": [
                               {"role": "system", "content": text}, {"role": "user", "content": question}]})
     assert result(with_system("Answer in French.")) == "miss", "another system prompt"
     assert result(ask(gw, question, model="other-model", headers=probe)) == "miss", "another model"
-    assert result(ask(gw, question, temperature=0.0, headers=probe)) == "miss", "other sampling"
+    assert result(ask(gw, question, temperature=0.5, headers=probe)) == "miss", "other sampling"
 
 
 def test_what_is_not_cached(cached_gateway: Proc) -> None:
     gw = cached_gateway
     assert ask(gw, "hello there", temperature=1.5).headers["x-tollgate-cache"] == "bypass"
+    assert ask(gw, "hello there", temperature=None).headers["x-tollgate-cache"] == "bypass", \
+        "no temperature: the engine samples at its default (1.0)"
+    assert metric_value(gw.url, "tollgate_cache_bypass_total", reason="temperature") == 2
     assert ask(gw, "hello there", key=OPTOUT_KEY).headers["x-tollgate-cache"] == "bypass"
     multi = httpx.post(gw.url + "/v1/chat/completions", timeout=30, headers={"authorization": f"Bearer {DEMO_KEY}"},
-                       json={"model": MODEL, "max_tokens": 8, "messages": [
+                       json={"model": MODEL, "max_tokens": 8, "temperature": 0, "messages": [
                            {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
                            {"role": "user", "content": "how are you?"}]})
     assert multi.headers["x-tollgate-cache"] == "bypass"
@@ -156,17 +177,19 @@ def test_streamed_answers_are_stored_and_replayed(cached_gateway: Proc) -> None:
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key=DEMO_KEY, max_retries=0)
     messages = [{"role": "user", "content": "Explain what a load balancer does"}]
     first = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=12, stream=True) if c.choices)
+        model=MODEL, messages=messages, max_tokens=12, temperature=0, stream=True) if c.choices)
     assert wait_for(lambda: ask(gw, messages[0]["content"], max_tokens=12).headers["x-tollgate-cache"] == "hit-exact")
     raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages, max_tokens=12,
-                                                           stream=True, stream_options={"include_usage": True})
+                                                           temperature=0, stream=True,
+                                                           stream_options={"include_usage": True})
     assert raw.headers["x-tollgate-cache"] == "hit-exact"
     chunks = list(raw.parse())
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == first
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
     assert chunks[-2].choices[0].finish_reason == "length"
     bypassed = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=messages, max_tokens=12, stream=True, extra_headers={"cache-control": "no-cache"})
+        model=MODEL, messages=messages, max_tokens=12, temperature=0, stream=True,
+        extra_headers={"cache-control": "no-cache"})
     assert bypassed.headers["x-tollgate-cache"] == "bypass"
 
 

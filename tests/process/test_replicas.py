@@ -65,7 +65,7 @@ def test_two_replicas_behind_nginx_share_cache_budget_and_ledger(
     for attempt in range(20):
         question = f"What is the capital of France? ({run}-{attempt})"
         first = httpx.post(replicas[0].url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                           json={"model": MODEL, "max_tokens": 8,
+                           json={"model": MODEL, "max_tokens": 8, "temperature": 0,
                                  "messages": [{"role": "user", "content": question}]})
         assert first.status_code == 200 and first.headers["x-tollgate-cache"] in ("miss", "bypass")
         if first.headers["x-tollgate-cache"] == "miss":
@@ -74,7 +74,7 @@ def test_two_replicas_behind_nginx_share_cache_budget_and_ledger(
 
     def hit_on_the_other() -> bool:
         response = httpx.post(replicas[1].url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                              json={"model": MODEL, "max_tokens": 8,
+                              json={"model": MODEL, "max_tokens": 8, "temperature": 0,
                                     "messages": [{"role": "user", "content": question}]})
         return response.headers.get("x-tollgate-cache") == "hit-exact"
     assert wait_for(hit_on_the_other, timeout=15)

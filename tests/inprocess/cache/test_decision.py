@@ -17,7 +17,8 @@ from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import CachePolicy, Policy
 from tests.conftest import policy_dict
 
-QUESTION = {"model": "sim-llama-8b", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+QUESTION = {"model": "sim-llama-8b", "temperature": 0,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
             "max_tokens": 16}
 
 

@@ -82,7 +82,7 @@ def test_language_detection() -> None:
 
 def chat(question: str, system: str | None = None, **extra: Any) -> dict[str, Any]:
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
-    return {"model": "m", "messages": messages, **extra}
+    return {"model": "m", "messages": messages, "temperature": 0, **extra}
 
 
 def test_scopes_separate_what_must_not_be_shared() -> None:
@@ -93,21 +93,22 @@ def test_scopes_separate_what_must_not_be_shared() -> None:
     for variant in (cache_key(CHAT, chat("hi there"), other_tenant, True, spec, 100),
                     cache_key(CHAT, chat("hi there", system="Be terse."), TENANT, True, spec, 100),
                     cache_key(CHAT, {**chat("hi there"), "model": "m2"}, TENANT, True, spec, 100),
-                    cache_key(CHAT, chat("hi there", temperature=0), TENANT, True, spec, 100),
+                    cache_key(CHAT, chat("hi there", temperature=0.5), TENANT, True, spec, 100),
                     cache_key(CHAT, chat("hi there", response_format={"type": "json_object"}), TENANT, True, spec,
                               100),
-                    cache_key(COMPLETIONS, {"model": "m", "prompt": "hi there"}, TENANT, True, spec, 100)):
+                    cache_key(COMPLETIONS, {"model": "m", "prompt": "hi there", "temperature": 0}, TENANT, True, spec,
+                              100)):
         assert not isinstance(variant, str) and variant.scope != base.scope
     same = cache_key(CHAT, chat("  hi   there "), TENANT, True, spec, 100)
     assert not isinstance(same, str) and (same.scope, same.exact) == (base.scope, base.exact)
     assert cache_key(CHAT, chat("hi", temperature=1.2), TENANT, True, spec, 100) == "temperature"
     assert cache_key(CHAT, chat("hi", n=2), TENANT, True, spec, 100) == "n_gt_1"
     assert cache_key(CHAT, chat("hi"), TENANT, False, spec, 100) == "tenant_opt_out"
-    multi = {"model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                                        {"role": "user", "content": "c"}]}
+    multi = {"model": "m", "temperature": 0, "messages": [
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]}
     assert cache_key(CHAT, multi, TENANT, True, spec, 100) == "multi_turn"
     allowed = cache_key(CHAT, multi, TENANT, True, CachePolicy(enabled=True, multi_turn=True), 100)
-    other_history = {"model": "m", "messages": [
+    other_history = {"model": "m", "temperature": 0, "messages": [
         {"role": "user", "content": "x"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]}
     allowed2 = cache_key(CHAT, other_history, TENANT, True, CachePolicy(enabled=True, multi_turn=True), 100)
     assert not isinstance(allowed, str) and not isinstance(allowed2, str) and allowed.scope != allowed2.scope, \

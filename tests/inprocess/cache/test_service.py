@@ -61,7 +61,7 @@ class DownStore(MemoryStore):
 
 
 def key(question: str) -> CacheKey:
-    body = {"model": "m", "messages": [{"role": "user", "content": question}], "max_tokens": 16}
+    body = {"model": "m", "messages": [{"role": "user", "content": question}], "max_tokens": 16, "temperature": 0}
     made = cache_key(CHAT, body, TENANT, True, SPEC, 16)
     assert isinstance(made, CacheKey)
     return made

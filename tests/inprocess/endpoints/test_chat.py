@@ -18,7 +18,7 @@ USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
 
 
 def asking(*messages: tuple[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"model": "m", "messages": [{"role": r, "content": c} for r, c in messages], **extra}
+    return {"model": "m", "messages": [{"role": r, "content": c} for r, c in messages], "temperature": 0, **extra}
 
 
 @pytest.mark.parametrize("body,param", [

@@ -29,10 +29,10 @@ def test_each_prompt_of_a_list_is_a_sequence_and_token_ids_are_one_prompt() -> N
 
 
 def test_only_a_text_prompt_is_a_question() -> None:
-    question = COMPLETIONS.question({"model": "m", "prompt": "Say  hi"}, SPEC)
+    question = COMPLETIONS.question({"model": "m", "prompt": "Say  hi", "temperature": 0}, SPEC)
     assert not isinstance(question, str)
     assert question.text == "Say hi" and question.system == [] and question.exact == [("prompt", "Say hi")]
-    assert COMPLETIONS.question({"model": "m", "prompt": ["a", "b"]}, SPEC) == "prompt_not_text"
+    assert COMPLETIONS.question({"model": "m", "prompt": ["a", "b"], "temperature": 0}, SPEC) == "prompt_not_text"
     assert COMPLETIONS.question({"model": "m", "prompt": "x", "logprobs": 1}, SPEC) == "logprobs"
 
 

@@ -16,7 +16,9 @@ SPEC = CachePolicy(enabled=True)
 
 
 def chat(**extra: Any) -> dict[str, Any]:
-    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+    """A cacheable chat body (greedy) with ``extra``; temperature=None leaves the temperature out."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0, **extra}
+    return {k: v for k, v in body.items() if v is not None}
 
 
 @pytest.mark.parametrize("extra,param", [
@@ -39,7 +41,7 @@ def test_the_shared_sampling_checks_name_the_parameter(extra: dict[str, Any], pa
 ])
 def test_what_makes_an_answer_one_of_many_is_a_bypass(extra: dict[str, Any], reason: str) -> None:
     assert CHAT.question(chat(**extra), SPEC) == reason
-    assert COMPLETIONS.question({"model": "m", "prompt": "hi", **extra}, SPEC) == reason
+    assert COMPLETIONS.question({"model": "m", "prompt": "hi", "temperature": 0, **extra}, SPEC) == reason
 
 
 def test_the_parameters_that_change_an_answer_are_in_the_question_and_temperature_by_bucket() -> None:
@@ -48,11 +50,20 @@ def test_the_parameters_that_change_an_answer_are_in_the_question_and_temperatur
         assert not isinstance(question, str)
         return question.params
 
-    assert params() == {"temperature": "default"}
     assert params(temperature=0) == {"temperature": "0"}
     assert params(temperature=0.21) == params(temperature=0.29) != params(temperature=0.31)
     assert params(seed=4, user="u")["seed"] == 4 and "user" not in params(user="u")
     assert params(tools=[{"type": "function"}])["tools"] == [{"type": "function"}]
+
+
+def test_a_request_without_temperature_samples_at_the_engines_default_and_is_not_cached_unless_told() -> None:
+    """OpenAI's and vLLM's default temperature is 1.0: such a request is one answer of many."""
+    assert CHAT.question(chat(temperature=None), SPEC) == "temperature"
+    assert COMPLETIONS.question({"model": "m", "prompt": "hi"}, SPEC) == "temperature"
+    greedy = CachePolicy(enabled=True, default_temperature=0)  # engines whose generation config is greedy
+    unsent, zero = CHAT.question(chat(temperature=None), greedy), CHAT.question(chat(temperature=0), greedy)
+    assert not isinstance(unsent, str) and not isinstance(zero, str)
+    assert unsent.params == zero.params, "the same scope as an explicit temperature 0"
 
 
 def test_a_generation_api_that_leaves_out_a_hook_cannot_be_built() -> None:
