@@ -64,6 +64,7 @@ class Sequence:
     stop: tuple[str, ...] = ()
     priority: int = 0
     block_hashes: tuple[int, ...] = ()  # the prompt's full blocks, chained (see block_hashes())
+    topic: tuple[str, ...] = ()  # the question's words the answer draws on (tokenizer.topic)
     cached_tokens: int = 0  # prompt tokens its prefill found in the prefix cache
     arrival: float = field(default_factory=time.monotonic)
     output: list[str] = field(default_factory=list)
@@ -297,7 +298,7 @@ class Engine:
     def _emit(self, seq: Sequence, now: float) -> None:
         if seq.last_token_at is not None and self._on_token_gap:
             self._on_token_gap(now - seq.last_token_at)
-        seq.output.append(next_piece(seq.rng))
+        seq.output.append(next_piece(seq.rng, seq.topic))
         self.stats.generation_tokens += 1
         if seq.first_token_at is None:
             seq.first_token_at = now

@@ -280,11 +280,14 @@ class SimServer:
             messages = _messages(body)
             prompt_tokens = tokenizer.count_chat(messages)
             prompt_text = tokenizer.chat_prompt_text(messages)
+            asked = next((tokenizer.message_text(m.get("content")) for m in reversed(messages)
+                          if m.get("role") == "user"), "")
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str) or not prompt:
                 raise BadRequest("'prompt' must be a non-empty string.", param="prompt")
             prompt_tokens, prompt_text = tokenizer.count_text(prompt), prompt
+            asked = prompt
         if body.get("n", 1) != 1:
             raise BadRequest("The simulator supports n=1 only.", param="n")
         max_len = self.config.max_model_len
@@ -324,12 +327,15 @@ class SimServer:
         if not all(isinstance(s, str) and s for s in stop):
             raise BadRequest("'stop' must be a string or a list of non-empty strings.", param="stop")
         seed = body.get("seed")
+        words = tokenizer.topic(asked)
         return Sequence(
             request_id=uuid.uuid4().hex, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
-            rng=tokenizer.output_rng(seed if isinstance(seed, int) else self.config.seed, prompt_text),
+            rng=tokenizer.output_rng(seed if isinstance(seed, int) else self.config.seed,
+                                     tokenizer.meaning(prompt_text, asked, words)),
             min_tokens=min_tokens, ignore_eos=bool(body.get("ignore_eos")), stop=tuple(stop), priority=priority,
             block_hashes=block_hashes(tokenizer.token_ids(prompt_text), self.config.block_size,
                                       _cache_salt(body)),
+            topic=words,
         )
 
 

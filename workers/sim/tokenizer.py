@@ -77,5 +77,33 @@ def output_rng(seed: int, prompt_text: str) -> random.Random:
     return random.Random(int.from_bytes(digest.digest(), "little"))
 
 
-def next_piece(rng: random.Random) -> str:
+_COMMON = frozenset(WORDS)
+TOPIC_SHARE = 1 / 3  # of an answer's tokens: a real model's answer repeats its question's words about this often
+
+
+def topic(text: str) -> tuple[str, ...]:
+    """The question's own words, as the answer may use them: each a single token (a word piece of up to 10
+    letters, lower-cased, after one space), without the vocabulary's common words."""
+    words = (piece.strip().lower() for piece in pieces(text))
+    return tuple(dict.fromkeys(f" {w}" for w in words if w.isalpha() and w not in _COMMON
+                               and len(w) >= (3 if w.isascii() else 2)))  # a Korean word is often two syllables
+
+
+def meaning(prompt_text: str, asked: str, words: tuple[str, ...]) -> str:
+    """What the answer is a function of: the prompt, with its question reduced to the set of its own words, so
+    that a question asked in other function words ("How do I" / "How can I") gets the same answer, as a model at
+    temperature 0 gives much the same one. Measured with e5 over the labelled paraphrases: 44 of 60 English and 38
+    of 60 Korean answer pairs agree at cosine 0.9 (the cache audit's bar), no unrelated pair does; with the whole
+    prompt as the seed, paraphrase and unrelated answers overlapped (0.86-0.89)."""
+    if not words or not asked:
+        return prompt_text
+    head, found, tail = prompt_text.rpartition(asked)
+    return f"{head}{' '.join(sorted(words))}{tail}" if found else prompt_text
+
+
+def next_piece(rng: random.Random, words: tuple[str, ...] = ()) -> str:
+    """The next token: one of the question's words a third of the time (so an answer speaks of what was asked,
+    and two answers to one question in other words share them), else a word of the vocabulary."""
+    if words and rng.random() < TOPIC_SHARE:
+        return words[int(rng.random() * len(words))]
     return " " + WORDS[int(rng.random() * len(WORDS))]
