@@ -8,8 +8,9 @@
    verifier is turned off for (buying served for selling): the scope's threshold rises.
 2. live traffic: a simulated worker of 4 sequences near capacity with standard-class streams, half of them
    paraphrases of stored questions (semantic hits, each audited: `every: 1`), half new; the same run with the
-   audit off. Reported: the standard requests' TTFT p50/p95/p99 in each, and how many audits ran. The audits are
-   batch work, granted only capacity the live classes leave.
+   audit off, each on a fresh worker. Reported: the TTFT p50/p95/p99 of the standard requests the cache did not
+   answer (those the engine served) in each, and how many audits ran. The audits are batch work, granted only
+   capacity the live classes leave.
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ async def planted(tmp: Path) -> dict[str, Any]:
     worker = TableWorker()
     url = await worker.start()
     out: dict[str, Any] = {}
-    for case, cache in (("planted wrong answer", {}), ("false match, verifier off", {"verifier": False})):
+    # the false match at 0.95 (buying against selling: cosine 0.979, under e5's default 0.98)
+    for case, cache in (("planted wrong answer", {}), ("false match, verifier off", {"verifier": False,
+                                                                                     "threshold": 0.95})):
         gw = await asyncio.to_thread(start_gateway, tmp, policy(url, cache), timeout=120)
         try:
             async with httpx.AsyncClient(base_url=gw.url, timeout=30,
@@ -134,45 +137,46 @@ async def stream(session: aiohttp.ClientSession, url: str, q: str) -> tuple[floa
 
 
 async def live(tmp: Path, n: int, rate: float) -> dict[str, Any]:
+    """Each run on a fresh simulated worker: an engine that has seen the prompts answers sooner from its prefix
+    cache, and then the lookups lose their race more often (seen: 53 semantic hits in the first run, 8 in the
+    second, on one worker)."""
     out: dict[str, Any] = {}
-    sim = start_sim(tmp, "--max-num-seqs", "4")
-    try:
-        for name, audit in (("audit on (every hit)", {"every": 1, "max_pending": 10_000}),
-                            ("audit off", {"enabled": False})):
-            gw = start_gateway(tmp, policy(sim.url, {"audit": audit}), timeout=120)
-            try:
-                stored = questions(n // 2, 31)
-                async with httpx.AsyncClient(timeout=30) as client:
-                    for q in stored:
-                        await client.post(gw.url + "/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"},
-                                          json={"model": MODEL, "messages": [{"role": "user", "content": q}],
-                                                "max_tokens": 16, "temperature": 0})
-                await asyncio.sleep(2.0)
-                items = [rephrase(q) for q in stored] + questions(n // 2, 41)
-                random.Random(5).shuffle(items)
-                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-                    start, tasks = time.perf_counter(), []
-                    for i, q in enumerate(items):
-                        delay = start + i / rate - time.perf_counter()
-                        if delay > 0:
-                            await asyncio.sleep(delay)
-                        tasks.append(asyncio.ensure_future(stream(session, gw.url, q)))
-                    rows = await asyncio.gather(*tasks)
-                ttft = [t for t, _ in rows if t is not None]
-                results: dict[str, int] = {}
-                for _, kind in rows:
-                    results[kind] = results.get(kind, 0) + 1
-                async with httpx.AsyncClient(timeout=30) as client:
-                    status = (await client.get(gw.url + "/admin/cache",
-                                               headers={"authorization": f"Bearer {ADMIN}"})).json()
-                out[name] = {"n": len(rows), "results": results,
-                             **{f"ttft_p{p}_ms": round(percentile(ttft, p) * 1000, 1) for p in (50, 95, 99)},
-                             "audited_during_run": status["audit"]["audited"],
-                             "pending_after": status["audit"]["pending"]}
-            finally:
-                gw.stop()
-    finally:
-        sim.stop()
+    for name, audit in (("audit on (every hit)", {"every": 1, "max_pending": 10_000}),
+                        ("audit off", {"enabled": False})):
+        sim = start_sim(tmp, "--max-num-seqs", "4")
+        gw = start_gateway(tmp, policy(sim.url, {"audit": audit}), timeout=120)
+        try:
+            stored = questions(n // 2, 31)
+            async with httpx.AsyncClient(timeout=30) as client:
+                for q in stored:
+                    await client.post(gw.url + "/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"},
+                                      json={"model": MODEL, "messages": [{"role": "user", "content": q}],
+                                            "max_tokens": 16, "temperature": 0})
+            await asyncio.sleep(2.0)
+            items = [rephrase(q) for q in stored] + questions(n // 2, 41)
+            random.Random(5).shuffle(items)
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+                start, tasks = time.perf_counter(), []
+                for i, q in enumerate(items):
+                    delay = start + i / rate - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    tasks.append(asyncio.ensure_future(stream(session, gw.url, q)))
+                rows = await asyncio.gather(*tasks)
+            results: dict[str, int] = {}
+            for _, kind in rows:
+                results[kind] = results.get(kind, 0) + 1
+            misses = [t for t, kind in rows if t is not None and kind == "miss"]
+            async with httpx.AsyncClient(timeout=30) as client:
+                status = (await client.get(gw.url + "/admin/cache",
+                                           headers={"authorization": f"Bearer {ADMIN}"})).json()
+            out[name] = {"n": len(rows), "results": results,
+                         **{f"miss_ttft_p{p}_ms": round(percentile(misses, p) * 1000, 1) for p in (50, 95, 99)},
+                         "audited_during_run": status["audit"]["audited"],
+                         "pending_after": status["audit"]["pending"]}
+        finally:
+            gw.stop()
+            sim.stop()
     return out
 
 
