@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"gateway.http.admin", "gateway.http.reports", "gateway.http.batch_api"},
     {"gateway.http.guards"},
     {"gateway.http.asgi", "gateway.http.responses", "gateway.http.errors"},
-    {"gateway.batches.runner"},
+    {"gateway.batches.runner", "gateway.batches.audit"},
     {"gateway.pipeline"},
     {"gateway.runtime"},
     set(),  # the steps: everything not named
@@ -146,7 +146,7 @@ def test_no_two_packages_import_each_other() -> None:
 def test_below_the_edge_nothing_loads_the_web_framework() -> None:
     """The core (the pipeline and everything it imports) knows no HTTP server: loading it loads no Starlette,
     uvicorn or ASGI module, so a batch line, a test or another edge can run it as it is."""
-    probe = ("import sys, gateway.pipeline, gateway.batches.runner; "
+    probe = ("import sys, gateway.pipeline, gateway.batches.runner, gateway.batches.audit; "
              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('starlette', 'uvicorn', 'asgiref')))")
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
