@@ -78,7 +78,9 @@ def test_two_replicas_behind_nginx_share_cache_budget_and_ledger(
                                     "messages": [{"role": "user", "content": question}]})
         return response.headers.get("x-tollgate-cache") == "hit-exact"
     assert wait_for(hit_on_the_other, timeout=15)
-    through = ask(url, key, question)
+    through = httpx.post(url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                         json={"model": MODEL, "max_tokens": 8, "temperature": 0,
+                               "messages": [{"role": "user", "content": question}]})
     assert through.status_code == 200 and through.headers["x-tollgate-cache"] == "hit-exact"
 
     # a stream through nginx arrives as events, not at the end
