@@ -136,7 +136,7 @@ async def burst(url: str, n: int, concurrency: int, seed: int) -> dict[str, Any]
         async def user() -> None:
             while not queue.empty():
                 q = queue.get_nowait()
-                body = {"model": "sim-llama-8b", "max_tokens": 16,
+                body = {"model": "sim-llama-8b", "max_tokens": 16, "temperature": 0,  # cacheable: looked up, stored
                         "messages": [{"role": "user", "content": q}]}
                 async with session.post(url + "/v1/chat/completions", json=body) as response:
                     await response.read()

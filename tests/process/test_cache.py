@@ -203,13 +203,27 @@ def test_errors_and_cut_answers_are_not_stored(start_sim: Starter, start_gateway
     assert ask(gw, "What is an error budget?").headers["x-tollgate-cache"] == "miss", "the error was not stored"
 
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Describe the water cycle"}], "max_tokens": 200,
-            "stream": True}
+            "temperature": 0, "stream": True}
     with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=30,
                       headers={"authorization": f"Bearer {DEMO_KEY}"}) as response:
         next(response.iter_raw())
     # the positive control: a whole answer given after the cut one is stored, so the cut one would have been
     assert cached_after(gw, "Describe the carbon cycle").headers["x-tollgate-cache"] == "hit-exact"
     assert ask(gw, "Describe the water cycle", max_tokens=200).headers["x-tollgate-cache"] == "miss"
+
+
+def test_a_policy_whose_engines_default_to_greedy_caches_a_request_without_temperature(
+        start_sim: Starter, start_gateway: Starter) -> None:
+    """``default_temperature: 0`` says what such a request samples at: it is cached, in the scope of temperature 0."""
+    sim = start_sim("--zero-delay")
+    gw = start_gateway(cache_policy(sim.url, default_temperature=0))
+    question = "What does a reverse proxy do?"
+    first = ask(gw, question, temperature=None)
+    assert first.headers["x-tollgate-cache"] == "miss"
+    assert cached_after(gw, question, temperature=None).headers["x-tollgate-cache"] == "hit-exact"
+    greedy = ask(gw, question)  # asked once only: a hit is the entry the request without temperature stored
+    assert greedy.headers["x-tollgate-cache"] == "hit-exact" and answer(greedy) == answer(first)
+    assert ask(gw, question, temperature=0.5).headers["x-tollgate-cache"] == "miss", "another temperature's scope"
 
 
 def test_lru_limit_and_admin_purge(start_sim: Starter, start_gateway: Starter) -> None:
