@@ -119,10 +119,10 @@ class CacheAuditor:
         outcome = {Verdict.STALE: "the entry does not answer its own question either (threshold kept)",
                    Verdict.WRONG: "threshold kept", Verdict.RAISED: f"threshold raised to {threshold}",
                    Verdict.OFF: "semantic layer turned off"}[verdict]
-        log.warning("cache audit: a wrong semantic hit for tenant %s (%s), purged: asked %r, served the answer to "
-                    "%r (similarity %.4f; the answers agree %.3f, with its own question's %s); scope %s: %d of %d "
-                    "audits wrong, upper bound %.3f; %s", sample.tenant, sample.model, sample.question,
-                    sample.cached_question, sample.similarity, agreement, "n/a" if own is None else f"{own:.3f}",
+        # no question text in the log (it is a tenant's content): /admin/cache shows the last wrong pair to admins
+        log.warning("cache audit: a wrong semantic hit for tenant %s (%s), purged: similarity %.4f; the answers agree "
+                    "%.3f, with its own question's %s; scope %s: %d of %d audits wrong, upper bound %.3f; %s",
+                    sample.tenant, sample.model, sample.similarity, agreement, "n/a" if own is None else f"{own:.3f}",
                     sample.scope[:16], state.disagreed, state.audited, upper, outcome)
         if verdict in (Verdict.RAISED, Verdict.OFF):
             webhook = snapshot.policy.spend.webhook_url
