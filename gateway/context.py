@@ -84,6 +84,7 @@ class RequestContext:
     model: str | None = None  # openai_api.prepare: only a model the policy routes
     stream: bool = False  # openai_api.prepare
     batch: str | None = None  # batches.runner: the batch this request is a line of
+    tags: str | None = None  # openai_api.prepare: cost centres from metadata, user and X-Tollgate-Tags (gateway.tags)
     # pipeline.run: the tenant's tier, or a lower class the request asked for; then what spend.admit returns
     # (batch, for the cost-anomaly action "downgrade"), before the scheduler reads it
     service_class: str = "standard"  # pipeline (as above)

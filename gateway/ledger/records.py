@@ -50,6 +50,8 @@ def draft(ctx: RequestContext, finished_at: float) -> Draft | None:
         "cached_tokens": ctx.cached_tokens or 0, "cache": ctx.cache, "estimated": ctx.usage_estimated,
         "batch": ctx.batch, "cost_usd": ctx.cost_usd, "price_version": ctx.price_version,
         "queue_wait_ms": _ms(t.queue_wait), "ttft_ms": _ms(t.ttft), "total_ms": _ms(t.total), "worker": ctx.worker,
+        "worker_ms": None if ctx.worker is None or t.dispatch_at is None or t.total is None
+        else _ms(t.total - t.dispatch_at), "tags": ctx.tags,
     }, finished_at)
 
 

@@ -44,11 +44,14 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "ttft_ms": ("REAL", "double precision"),
     "total_ms": ("REAL", "double precision"),
     "worker": ("TEXT", "text"),
+    "worker_ms": ("REAL", "double precision"),  # dispatch to the last byte: the request's span on its worker
+    "tags": ("TEXT", "text"),  # cost centres, "key=value" pairs sorted and joined by "," (gateway.tags)
 }
+ADDED = ("worker_ms", "tags")  # columns later than the first table: added to a ledger made before them
 BOOLEAN = ("stream", "estimated")
 OPEN_START, OPEN_END = "0000", "9999"  # bounds that sort before and after every stored time: an open range
 GROUPS = {"tenant": "tenant", "model": "model", "tier": "tier", "class": "service_class", "key": "key_id",
-          "day": "substr(time, 1, 10)"}
+          "day": "substr(time, 1, 10)", "tag": "tags", "worker": "worker"}
 SUMS = ("count(*) AS requests, sum(prompt_tokens) AS prompt_tokens, sum(completion_tokens) AS completion_tokens, "
         "sum(cached_tokens) AS cached_tokens, sum(cost_usd) AS cost_usd, "
         "sum(CASE WHEN substr(cache, 1, 3) = 'hit' THEN 1 ELSE 0 END) AS cache_hits, "
@@ -135,6 +138,10 @@ class SqliteLedger(_Sql):
             db.execute(f"CREATE TABLE IF NOT EXISTS ledger ({columns})")
             db.execute("CREATE INDEX IF NOT EXISTS ledger_time ON ledger (time, id)")
             db.execute("CREATE INDEX IF NOT EXISTS ledger_tenant_time ON ledger (tenant, time)")
+            have = {row["name"] for row in db.execute("PRAGMA table_info(ledger)")}
+            for name in ADDED:
+                if name not in have:
+                    db.execute(f"ALTER TABLE ledger ADD COLUMN {name} {COLUMNS[name][0]}")
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -188,6 +195,8 @@ class PostgresLedger(_Sql):
                 db.execute(f"CREATE TABLE IF NOT EXISTS ledger ({columns})")
                 db.execute("CREATE INDEX IF NOT EXISTS ledger_time ON ledger (time, id)")
                 db.execute("CREATE INDEX IF NOT EXISTS ledger_tenant_time ON ledger (tenant, time)")
+                for name in ADDED:
+                    db.execute(f"ALTER TABLE ledger ADD COLUMN IF NOT EXISTS {name} {COLUMNS[name][1]}")
             self._local.db = db
         return db
 
