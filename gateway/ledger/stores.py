@@ -48,6 +48,12 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "tags": ("TEXT", "text"),  # cost centres, "key=value" pairs sorted and joined by "," (gateway.tags)
 }
 ADDED = ("worker_ms", "tags")  # columns later than the first table: added to a ledger made before them
+# What each gateway process saw of each worker, as spans of one state (gateway.ledger.presence): a GPU is paid
+# for while it is configured, busy or not, and the ledger alone sees only the busy part.
+PRESENCE = ("CREATE TABLE IF NOT EXISTS worker_presence (id TEXT PRIMARY KEY, replica TEXT NOT NULL, "
+            "worker TEXT NOT NULL, pool TEXT NOT NULL, up INTEGER NOT NULL, since TEXT NOT NULL, "
+            "until TEXT NOT NULL)")
+PRESENCE_INDEX = "CREATE INDEX IF NOT EXISTS worker_presence_until ON worker_presence (until)"
 BOOLEAN = ("stream", "estimated")
 OPEN_START, OPEN_END = "0000", "9999"  # bounds that sort before and after every stored time: an open range
 GROUPS = {"tenant": "tenant", "model": "model", "tier": "tier", "class": "service_class", "key": "key_id",
@@ -69,6 +75,10 @@ class LedgerStore(Protocol):
     def totals(self, start: str, end: str, group_by: Sequence[str], tenant: str | None) -> list[dict[str, Any]]: ...
 
     def tokens_percentile(self, start: str, end: str, q: float) -> int | None: ...
+
+    def extend_presence(self, spans: Sequence[dict[str, Any]]) -> None: ...
+
+    def presence(self, start: str, end: str) -> list[dict[str, Any]]: ...
 
     def close(self) -> None: ...
 
@@ -127,6 +137,24 @@ class _Sql(abc.ABC):
         return int(rows[0]["t"])
 
 
+    @abc.abstractmethod
+    def _write(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
+
+    def extend_presence(self, spans: Sequence[dict[str, Any]]) -> None:
+        """Insert spans, or move a known span's end (each process rewrites its own open spans every beat)."""
+        m = self.mark
+        self._write(f"INSERT INTO worker_presence (id, replica, worker, pool, up, since, until) VALUES "
+                    f"({m}, {m}, {m}, {m}, {m}, {m}, {m}) ON CONFLICT (id) DO UPDATE SET until = excluded.until",
+                    [(s["id"], s["replica"], s["worker"], s["pool"], int(s["up"]), s["since"], s["until"])
+                     for s in spans])
+
+    def presence(self, start: str, end: str) -> list[dict[str, Any]]:
+        """The spans that overlap [start, end), in time order."""
+        m = self.mark
+        return self._run(f"SELECT id, replica, worker, pool, up, since, until FROM worker_presence "
+                         f"WHERE until > {m} AND since < {m} ORDER BY since, id", [start, end])
+
+
 class SqliteLedger(_Sql):
     """``<data_dir>/ledger.sqlite3`` in WAL mode: the writer commits, report readers run beside it."""
 
@@ -142,6 +170,8 @@ class SqliteLedger(_Sql):
             for name in ADDED:
                 if name not in have:
                     db.execute(f"ALTER TABLE ledger ADD COLUMN {name} {COLUMNS[name][0]}")
+            db.execute(PRESENCE)
+            db.execute(PRESENCE_INDEX)
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -161,6 +191,10 @@ class SqliteLedger(_Sql):
 
     def _run(self, sql: str, args: Sequence[Any]) -> list[dict[str, Any]]:
         return [dict(row) for row in self._db().execute(sql, args)]
+
+    def _write(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        with self._db() as db:
+            db.executemany(sql, rows)
 
     def close(self) -> None:
         db = getattr(self._local, "db", None)
@@ -197,6 +231,8 @@ class PostgresLedger(_Sql):
                 db.execute("CREATE INDEX IF NOT EXISTS ledger_tenant_time ON ledger (tenant, time)")
                 for name in ADDED:
                     db.execute(f"ALTER TABLE ledger ADD COLUMN IF NOT EXISTS {name} {COLUMNS[name][1]}")
+                db.execute(PRESENCE)
+                db.execute(PRESENCE_INDEX)
             self._local.db = db
         return db
 
@@ -216,6 +252,15 @@ class PostgresLedger(_Sql):
         db = self._db()
         try:
             return list(db.execute(sql, args).fetchall())
+        except self._psycopg.OperationalError:
+            db.close()
+            raise
+
+    def _write(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        db = self._db()
+        try:
+            with db.transaction(), db.cursor() as cursor:
+                cursor.executemany(sql, rows)
         except self._psycopg.OperationalError:
             db.close()
             raise
