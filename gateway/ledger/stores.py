@@ -70,11 +70,12 @@ class LedgerStore(Protocol):
     def insert(self, records: Sequence[dict[str, Any]]) -> None: ...
 
     def records(self, start: str, end: str, tenant: str | None, after: tuple[str, str] | None,
-                limit: int) -> list[dict[str, Any]]: ...
+                limit: int, tag: str | None = None) -> list[dict[str, Any]]: ...
 
-    def totals(self, start: str, end: str, group_by: Sequence[str], tenant: str | None) -> list[dict[str, Any]]: ...
+    def totals(self, start: str, end: str, group_by: Sequence[str], tenant: str | None,
+               tag: str | None = None) -> list[dict[str, Any]]: ...
 
-    def tokens_percentile(self, start: str, end: str, q: float) -> int | None: ...
+    def tokens_percentile(self, start: str, end: str, q: float, tenant: str | None = None) -> int | None: ...
 
     def extend_presence(self, spans: Sequence[dict[str, Any]]) -> None: ...
 
@@ -91,17 +92,22 @@ class _Sql(abc.ABC):
     @abc.abstractmethod
     def _run(self, sql: str, args: Sequence[Any]) -> list[dict[str, Any]]: ...
 
-    def _where(self, start: str, end: str, tenant: str | None) -> tuple[str, list[Any]]:
+    def _where(self, start: str, end: str, tenant: str | None, tag: str | None = None) -> tuple[str, list[Any]]:
+        """``tag`` is one "key=value" pair, matched whole and case-sensitively within the comma-joined tags
+        (replace() is binary in both databases; SQLite's LIKE ignores case)."""
         m = self.mark
         sql, args = f"time >= {m} AND time < {m}", [start, end]
         if tenant is not None:
             sql += f" AND tenant = {m}"
             args.append(tenant)
+        if tag is not None:
+            sql += f" AND replace(',' || tags || ',', {m}, '') <> ',' || tags || ','"
+            args.append(f",{tag},")
         return sql, args
 
     def records(self, start: str, end: str, tenant: str | None, after: tuple[str, str] | None,
-                limit: int) -> list[dict[str, Any]]:
-        where, args = self._where(start, end, tenant)
+                limit: int, tag: str | None = None) -> list[dict[str, Any]]:
+        where, args = self._where(start, end, tenant, tag)
         if after is not None:
             where += f" AND (time > {self.mark} OR (time = {self.mark} AND id > {self.mark}))"
             args += [after[0], after[0], after[1]]
@@ -112,8 +118,9 @@ class _Sql(abc.ABC):
                 row[name] = bool(row[name])
         return rows
 
-    def totals(self, start: str, end: str, group_by: Sequence[str], tenant: str | None) -> list[dict[str, Any]]:
-        where, args = self._where(start, end, tenant)
+    def totals(self, start: str, end: str, group_by: Sequence[str], tenant: str | None,
+               tag: str | None = None) -> list[dict[str, Any]]:
+        where, args = self._where(start, end, tenant, tag)
         keys = [f"{GROUPS[g]} AS {'key_id' if g == 'key' else g}" for g in group_by]
         order = ", ".join(str(i + 1) for i in range(len(group_by)))
         sql = f"SELECT {', '.join([*keys, SUMS])} FROM ledger WHERE {where}"
@@ -125,9 +132,10 @@ class _Sql(abc.ABC):
                 if row["requests"]]
 
 
-    def tokens_percentile(self, start: str, end: str, q: float) -> int | None:
-        """The q-th percentile (0-100) of prompt + completion tokens per request, sorted in the database."""
-        where, args = self._where(start, end, None)
+    def tokens_percentile(self, start: str, end: str, q: float, tenant: str | None = None) -> int | None:
+        """The q-th percentile (0-100) of prompt + completion tokens per request (one tenant's, or every
+        tenant's), sorted in the database."""
+        where, args = self._where(start, end, tenant)
         count = self._run(f"SELECT count(*) AS n FROM ledger WHERE {where}", args)[0]["n"]
         if not count:
             return None
