@@ -14,6 +14,7 @@ from gateway import accounting
 from gateway.cache.service import SemanticCache
 from gateway.cache.store import RedisStore
 from gateway.endpoints.responses import ResponseHomes
+from gateway.ledger.presence import Presence, Seen
 from gateway.ledger.writer import LedgerWriter
 from gateway.ops import tracing
 from gateway.ops.metrics import GatewayMetrics
@@ -41,6 +42,7 @@ class Gateway:
         ``state.redis_url`` set it is replaced by its place among every live process of every replica."""
         self.store = store
         self.ledger = ledger  # None: no data directory (in-process tests); requests are not recorded
+        self.presence = Presence(ledger.store) if ledger is not None else None  # the hours GPUs are paid for
         self.state = SharedState(store.current.policy.state)  # read once: a reload cannot move it
         GATEWAY_SECRET.load(data_dir)  # the tenants' prefix-cache salts come from it
         self.replicas = Replicas(self.state, share) if self.state.redis is not None else None
@@ -77,6 +79,8 @@ class Gateway:
             self._spawn(self._keep_beating())
         if self.ledger is not None:
             self.ledger.start()
+        if self.presence is not None:
+            self._spawn(self.presence.run(self.seen))
         try:
             yield
         finally:
@@ -84,6 +88,8 @@ class Gateway:
                 task.cancel()
             await self.spend.close()
             await self.ratelimit.close()
+            if self.presence is not None:
+                await self.presence.beat(self.seen())  # the spans end when this process stopped
             if self.ledger is not None:
                 await asyncio.to_thread(self.ledger.stop)  # flushes what is pending
             if self.tracer is not None:
@@ -113,6 +119,12 @@ class Gateway:
         pools = self.upstreams.pools
         return {name: (pool := pools.get(route.pool)) is not None and pool.healthy_workers() > 0
                 for name, route in self.store.current.policy.models.items()}
+
+    def seen(self) -> list[Seen]:
+        """Every worker of the live pools, up when admitted for routing (gateway.ledger.presence)."""
+        now = time.monotonic()
+        return [Seen(w.url, name, w.available(now)) for name, pool in self.upstreams.pools.items()
+                for w in pool.workers]
 
     def publish_health(self) -> None:
         """The pools' healthy workers and the models' readiness, set when /metrics is read; cleared first, so a

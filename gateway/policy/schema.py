@@ -113,10 +113,21 @@ class Autoscaling(Strict):
     cooldown_s: float = Field(300, ge=0, description="no two changes closer than this")
 
 
+class GpuPrice(Strict):
+    """What one worker of a pool costs per hour from ``effective`` (a UTC date) on, busy, idle or down: a new
+    version never reprices the past (the GPU report prices each day at the version in force on it)."""
+
+    effective: date
+    usd_per_hour: float = Field(ge=0, le=10_000)
+
+
 class Pool(Strict):
     """A set of interchangeable workers behind one keep-alive client."""
 
     workers: list[AnyHttpUrl] = Field(min_length=1)
+    gpu_usd_per_hour: list[GpuPrice] = Field(
+        default_factory=list, description="per worker: a number (from the start of time), or versions "
+        "[{effective: 2026-11-01, usd_per_hour: 2.5}, ...]; none: the GPU report counts the hours at no cost")
     max_connections: int = Field(256, ge=1, description="upper bound of upstream connections per worker")
     keepalive_s: float = Field(75.0, gt=0)
     connect_timeout_s: float = Field(2.0, gt=0)
@@ -141,6 +152,21 @@ class Pool(Strict):
     routing: Literal["prefix", "load", "round_robin"] = Field(
         "prefix", description="prefix: to the worker likely holding the prompt's prefix in its KV cache, within a "
         "load bound; load: the least loaded; round_robin: in turn (for comparison)")
+
+    @field_validator("gpu_usd_per_hour", mode="before")
+    @classmethod
+    def _one_price(cls, value: object) -> object:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return [{"effective": date(1970, 1, 1), "usd_per_hour": value}]
+        return value
+
+    @field_validator("gpu_usd_per_hour")
+    @classmethod
+    def _distinct_days(cls, versions: list[GpuPrice]) -> list[GpuPrice]:
+        days = [v.effective for v in versions]
+        if len(set(days)) != len(days):
+            raise ValueError("two GPU price versions share an effective date")
+        return sorted(versions, key=lambda v: v.effective)
 
 
 class ModelRoute(Strict):
