@@ -107,6 +107,7 @@ def pg_dsn() -> Iterator[str]:
     dsn = f"postgresql://postgres@127.0.0.1:5432/{PG_TEST_DB}"
     with psycopg.connect(dsn, autocommit=True) as db:
         db.execute("DROP TABLE IF EXISTS ledger")
+        db.execute("DROP TABLE IF EXISTS worker_presence")
     yield dsn
 
 

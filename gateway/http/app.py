@@ -25,7 +25,7 @@ from gateway.batches.store import open_batch_store
 from gateway.context import RequestContext
 from gateway.endpoints import BY_PATH, RETRIEVE, Endpoint
 from gateway.errors import ClientGone, GatewayError, InvalidRequest, NotFound
-from gateway.http import admin, batch_api, errors, reports, reports_page
+from gateway.http import admin, batch_api, errors, gpu_reports, reports, reports_page
 from gateway.http.asgi import AsgiSink, Receive, Scope, Send, read_body, request_headers, until_disconnect
 from gateway.http.guards import gateway_of, require_metrics_reader, tenant_of
 from gateway.http.responses import json_response
@@ -66,7 +66,8 @@ class Completions:
             session = headers.get(b"x-session-id")
             if await until_disconnect(pipeline.run(gw, ctx, raw, sink, headers.get(b"cache-control", b""),
                                                    asked.decode("latin-1").strip().lower() if asked else None,
-                                                   session.decode("latin-1")[:256] if session else None),
+                                                   session.decode("latin-1")[:256] if session else None,
+                                                   headers.get(b"x-tollgate-tags")),
                                       receive):
                 raise ClientGone("The client disconnected.")
 
@@ -187,6 +188,7 @@ def create_app(store: PolicyStore, data_dir: Path | None = None, share: Share = 
             Route(RETRIEVE.path, Retrieve(gw), methods=["GET"]),
             *admin.ROUTES,
             *reports.ROUTES,
+            *gpu_reports.ROUTES,
             *reports_page.ROUTES,
             *(batch_api.ROUTES if runner is not None else []),
         ],

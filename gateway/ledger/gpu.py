@@ -135,6 +135,8 @@ class GpuReport:
     rows: dict[tuple[Any, ...], Row]
     workers: dict[str, WorkerHours]
     rates: dict[str, Rates]  # by pool
+    runs: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # worker -> each request's span
+    ttft_ms: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # (pool, tier) -> answered TTFTs
 
     def rate_now(self, w: WorkerHours) -> float | None:
         rates = self.rates.get(w.pool or "")
@@ -230,6 +232,7 @@ def report(records: Iterable[Mapping[str, Any]], presence: Iterable[Mapping[str,
         if span["up"]:
             up.setdefault(w, []).append((a, b))
     columns = [_COLUMN.get(g, g) for g in group_by]
+    ttft: dict[tuple[str, str], list[float]] = {}
     for record in records:
         finished = epoch(record["time"])
         worker = record.get("worker")
@@ -251,6 +254,8 @@ def report(records: Iterable[Mapping[str, Any]], presence: Iterable[Mapping[str,
             if hours is None:
                 hours = workers[worker] = WorkerHours(worker, pool_of.get(worker))
             hours.requests += finished < end
+            if record.get("ttft_ms") is not None and record["status"] < 400 and finished < end:
+                ttft.setdefault((hours.pool or "", record["tier"]), []).append(record["ttft_ms"])
             runs.setdefault(worker, []).append((max(began, start), min(finished, end), row))
     for name, hours in workers.items():
         if hours.pool is None:
@@ -261,7 +266,8 @@ def report(records: Iterable[Mapping[str, Any]], presence: Iterable[Mapping[str,
         hours.configured_s = math.fsum(b - a for a, b in configured)
         hours.up_s = math.fsum(b - a for a, b in union([*up.get(name, []), *hours.busy]))
         hours.cost_usd = math.fsum(pool_rates.cost(a, b) for a, b in configured)
-    return GpuReport(start, end, list(group_by), rows, workers, rates)
+    return GpuReport(start, end, list(group_by), rows, workers, rates,
+                     {w: [(a, b) for a, b, _ in spans] for w, spans in runs.items()}, ttft)
 
 
 def _share(hours: WorkerHours, runs: list[tuple[float, float, Row]], rates: Rates) -> None:

@@ -5,7 +5,8 @@ process keeps spans of what it sees of each worker of its pools (up: admitted fo
 failing) and writes them to the ledger's store every ``BEAT_S`` from a task of its own, never from a request:
 one upsert per worker per beat. Each process writes its own spans (ids carry the process), so replicas never
 contend, and the GPU report takes the union of every process's spans: the same hours whichever replicas ran. A
-process that dies loses at most its last beat of presence.
+process that dies loses at most its last beat of presence. A report read from a live process adds that
+process's own open spans as they stand (``live``), so a report of the last minutes is not a beat behind.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from gateway.ledger.stores import LedgerStore
 from gateway.ledger.times import at
 
 log = logging.getLogger("tollgate.ledger")
-BEAT_S = 10.0
+BEAT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,10 @@ class Presence:
         for worker in [w for w in self._open if w not in current]:
             self._closed.append(self._open.pop(worker))
         return [*self._closed, *(dict(s) for s in self._open.values())]
+
+    def live(self, now: float) -> list[dict[str, Any]]:
+        """This process's open spans, ended at ``now`` (read by a report; nothing is written)."""
+        return [s | {"until": at(now)} for s in self._open.values()]
 
     async def beat(self, seen: Iterable[Seen]) -> None:
         spans = self.observe(time.time(), seen)

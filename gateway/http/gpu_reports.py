@@ -1,0 +1,86 @@
+"""GET /admin/reports/gpu: what the GPUs cost, per tenant (or model, tier, class, worker, tag, key), with each
+worker's idle cost as its own row, its hours, and the cheapest configuration that would have met the SLO.
+
+``from`` and ``to`` as the cost report takes them; a GPU bills whether used or not, so the period is always
+closed: ``from`` defaults to the start of this UTC month and ``to`` to now. The arithmetic is
+gateway.ledger.gpu's, on a thread, over the ledger's records and the workers' presence spans in the shared
+store, so every replica answers the same report.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.errors import InvalidRequest
+from gateway.http.guards import gateway_of, require_reader
+from gateway.http.reports import csv_response, ledger_store, parse_format, parse_time, query
+from gateway.http.responses import json_response
+from gateway.ledger import gpu
+from gateway.ledger.stores import LedgerStore, iter_all
+from gateway.ledger.times import at
+from gateway.ops import sizing
+from gateway.policy.schema import Policy
+
+COLUMNS = ("requests", "successful_requests", "prompt_tokens", "completion_tokens", "gpu_seconds", "gpu_cost_usd",
+           "gpu_cost_per_1k_requests", "gpu_cost_per_1m_output_tokens", "list_cost_usd")
+
+
+def gpu_range(request: Request, now: float) -> tuple[float, float]:
+    """The period as Unix times; ``from`` after ``to`` is a 400."""
+    q = request.query_params
+    if q.get("from"):
+        start = gpu.epoch(parse_time(q["from"], False))
+    else:
+        start = datetime.fromtimestamp(now, UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
+    end = gpu.epoch(parse_time(q["to"], True)) if q.get("to") else now
+    if start >= end:
+        raise InvalidRequest("'from' must come before 'to'.", "invalid_time", param="from")
+    return start, end
+
+
+def parse_groups(text: str) -> list[str]:
+    groups = [g.strip() for g in text.split(",") if g.strip()]
+    if not groups or any(g not in gpu.GROUPS for g in groups) or len(set(groups)) != len(groups):
+        raise InvalidRequest(f"group_by takes distinct names from: {', '.join(gpu.GROUPS)}.", "invalid_group_by",
+                             param="group_by")
+    return groups
+
+
+def compute(store: LedgerStore, policy: Policy, start: float, end: float, group_by: list[str],
+            live: list[dict[str, Any]]) -> dict[str, Any]:
+    """The report (blocking: on a thread). Records that end up to the longest answer deadline after ``end`` may
+    have run inside the period: they are read too, and only their part inside counts. ``live``: this process's
+    open presence spans as they stand, in place of their last written beat."""
+    late = max((p.answer_deadline_s for p in policy.pools.values()), default=900.0)
+    records = (r for page in iter_all(store, at(start), at(end + late), None) for r in page)
+    spans = {s["id"]: s for s in store.presence(at(start), at(end))} | {s["id"]: s for s in live}
+    report = gpu.report(records, spans.values(), policy.pools, start, end, group_by)
+    out = report.public()
+    out["cheapest"] = [s.public() for s in sizing.cheapest(report, policy)]
+    return out
+
+
+async def gpu_costs(request: Request) -> Response:
+    await require_reader(request)
+    start, end = gpu_range(request, time.time())
+    group_by = parse_groups(request.query_params.get("group_by", "tenant"))
+    fmt = parse_format(request)
+    gw = gateway_of(request)
+    live = gw.presence.live(time.time()) if gw.presence is not None else []
+    out = await query(compute, ledger_store(request), gw.store.current.policy, start, end, group_by, live)
+    tenant = request.query_params.get("tenant")
+    if tenant is not None:
+        out["data"] = [r for r in out["data"] if r["kind"] == "idle" or r.get("tenant") == tenant]
+    if fmt == "csv":
+        name = f"gpu_{at(start)[:10]}_{at(end)[:10]}_by-{'-'.join(group_by)}.csv"
+        return csv_response(["kind", *dict.fromkeys([*group_by, "worker"]), *COLUMNS], out["data"], name)
+    return json_response({"object": "gpu_cost_report", "from": at(start), "to": at(end), **out})
+
+
+ROUTES = [Route("/admin/reports/gpu", gpu_costs, methods=["GET"])]
