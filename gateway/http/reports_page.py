@@ -1,7 +1,13 @@
 """The finance page (GET /reports): for the last N days or a calendar month (``?days=`` | ``?month=YYYY-MM``), a
-table of what each tenant used and spent (against its budget, and against the period before), spend by day and
-tenant, top models, tokens per request p95, cost per 1,000 requests, cache savings, budget burn-down and recent
-anomalies; ``?tenant=`` drills into one tenant by model, key and day. Each table has its CSV.
+table of what each tenant used and spent (against its budget, and against the period before; every tenant of
+the policy, with zeros for those without requests), spend by day and tenant, top models, tokens per request
+p95, cost per 1,000 requests, cache savings, budget burn-down and recent anomalies; ``?tenant=`` drills into one
+tenant (its own cards and p95) by model, key, day and cost centre. Each table has its CSV, named for its period.
+
+A parameter the page cannot honour (days outside 1-366 or not a number, a month not YYYY-MM, both days and a
+month, a tenant neither the policy nor the ledger knows) is answered 400 with the page's form and a message
+saying what was wrong and what is accepted, never replaced by another period or tenant: finance must not close
+a month on figures for a period it did not ask for. Money is shown as plain decimals (``reports.plain``).
 
 Server-rendered HTML with SVG charts drawn here: no JavaScript, nothing fetched from a CDN, nothing to build.
 Sign-in takes the finance or admin token once and keeps it in an HttpOnly, SameSite=Strict cookie, which the
@@ -11,7 +17,7 @@ as /admin/reports/costs, so the page and the API agree.
 
 from __future__ import annotations
 
-import asyncio
+import re
 import time
 import urllib.parse
 from collections.abc import Mapping
@@ -28,7 +34,7 @@ from gateway.auth import is_admin
 from gateway.errors import InvalidRequest, NotPermitted
 from gateway.http.asgi import read_body, request_headers
 from gateway.http.guards import gateway_of, holds_report_token, reads_reports, sessions_of
-from gateway.http.reports import sum_rows, with_rates
+from gateway.http.reports import every_tenant, parse_month, parse_tenant, plain, query, sum_rows, with_rates
 from gateway.http.sessions import COOKIE, over_tls, same_origin
 from gateway.ledger.stores import OPEN_END, LedgerStore
 from gateway.ledger.times import period_start, sortable
@@ -36,6 +42,13 @@ from gateway.runtime import Gateway
 from gateway.spend.alerts import public
 
 LOGIN_BYTES = 4096
+MAX_DAYS = 366
+DAYS = re.compile(r"[0-9]{1,4}")
+# what a table shows for a group with no value: a request refused before a model was chosen, one without a key
+ABSENT = {"model": "(refused before a model)", "key": "(no key)", "tag": "(untagged)", "worker": "(no worker)"}
+# a drill-down's tables: (group_by, title, the row's field, its column's heading)
+DRILLS = (("model", "By model", "model", "Model"), ("key", "By key", "key_id", "Key"), ("day", "By day", "day", "Day"),
+          ("tag", "By cost centre (tags)", "tag", "Tags"))
 COLORS = ("#3b6ea5", "#e07b39", "#4f9d69", "#b5485d", "#7d5ba6", "#c9a227", "#3a9ca6", "#8c6d46")
 STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1d2330;background:#f7f8fa}
@@ -47,7 +60,8 @@ th{background:#eef1f5}td:first-child,th:first-child{text-align:left}
 .legend span{display:inline-block;margin-right:12px}.legend i{display:inline-block;width:10px;height:10px;
 margin-right:4px}form.login{background:#fff;border:1px solid #dde1e8;padding:16px;max-width:360px}
 form.range{display:inline-block;margin:8px 16px 8px 0}a.csv{font-size:12px;font-weight:normal;margin-left:8px}
-h3{font-size:14px;margin:16px 0 6px}
+h3{font-size:14px;margin:16px 0 6px}.problem{background:#fbeaec;border:1px solid #b5485d;padding:8px 12px;
+max-width:760px}
 """
 
 
@@ -58,11 +72,19 @@ async def page(request: Request) -> Response:
     if gw.ledger is None:
         return HTMLResponse(_html("Tollgate costs", "<p>The ledger is not enabled: start the gateway with a "
                                   "data directory.</p>"), 409)
-    shown = Range.of(request.query_params, time.time())
-    tenant = request.query_params.get("tenant")
-    if tenant is not None and tenant not in gw.store.current.tenants:
-        tenant = None  # only a tenant the policy names: the name lands in links and headings
-    data = await asyncio.to_thread(_gather, gw.ledger.store, gw, shown, tenant)
+    problems: list[str] = []
+    try:
+        shown = Range.of(request.query_params, time.time())
+    except InvalidRequest as exc:
+        shown, problems = Range.of({}, time.time()), [exc.message]
+    try:
+        tenant = await parse_tenant(request, gw.ledger.store)
+    except InvalidRequest as exc:
+        tenant = None
+        problems.append(exc.message)
+    if problems:
+        return HTMLResponse(_refused(problems, shown, tenant), 400)
+    data = await query(_gather, gw.ledger.store, gw, shown, tenant)
     return HTMLResponse(_dashboard(data, shown, [public(a) for a in gw.alerts.recent[-20:][::-1]]))
 
 
@@ -117,16 +139,20 @@ class Range:
 
     @classmethod
     def of(cls, query: Mapping[str, str], now: float) -> Range:
+        """The period ``days`` or ``month`` asks for (the last 30 days when neither does); InvalidRequest, with
+        what is accepted, for anything else."""
         today = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-        month = query.get("month", "")
-        if len(month) == 7 and month[:4].isdigit() and month[4] == "-" and month[5:].isdigit() and \
-                1 <= int(month[5:]) <= 12 and int(month[:4]) >= 1970:
-            start = datetime(int(month[:4]), int(month[5:]), 1, tzinfo=UTC)
-            end = _next_month(start)
-            before = _next_month(start, -1)
-            return cls(start, end, before, month, (end - start).days)
-        days = query.get("days", "30")
-        n = int(days) if days.isdigit() and 1 <= int(days) <= 366 else 30
+        month, days = query.get("month", ""), query.get("days", "")
+        if month and days:
+            raise InvalidRequest(f"Give days or month, not both (days={days[:40]}, month={month[:40]}).",
+                                 "invalid_range", param="days")
+        if month:
+            start, end = parse_month(month)
+            return cls(start, end, _next_month(start, -1), month, (end - start).days)
+        if days and not (DAYS.fullmatch(days) and 1 <= int(days) <= MAX_DAYS):
+            raise InvalidRequest(f"days takes a whole number of days from 1 to {MAX_DAYS}, not '{days[:40]}'.",
+                                 "invalid_days", param="days")
+        n = int(days or 30)
         end = today + timedelta(days=1)
         return cls(end - timedelta(days=n), end, end - timedelta(days=2 * n), None, n)
 
@@ -137,7 +163,10 @@ class Range:
 
     @property
     def csv(self) -> str:
-        """The report API's range for this period (its ``to`` is an inclusive day)."""
+        """The report API's range for this period (a month as itself, so its downloads are named for it; else
+        from and an inclusive to)."""
+        if self.month:
+            return f"month={self.month}"
         return f"from={self.start.date()}&to={(self.end - timedelta(days=1)).date()}"
 
     def describe(self) -> str:
@@ -158,10 +187,11 @@ def _gather(store: LedgerStore, gw: Gateway, shown: Range, tenant: str | None) -
     now = time.time()
     start, end = sortable(shown.start), sortable(shown.end)
     by_day_tenant = store.totals(start, end, ["day", "tenant"], tenant)  # a drill-down's cards are its own
-    by_tenant = [with_rates(r) for r in store.totals(start, end, ["tenant"], None)]
+    by_tenant = [with_rates(r) for r in every_tenant(store.totals(start, end, ["tenant"], None),
+                                                      gw.store.current.tenants)]
     before = {r["tenant"]: r["cost_usd"] or 0.0 for r in store.totals(sortable(shown.before), start, ["tenant"], None)}
     drill = {group: [with_rates(r) for r in store.totals(start, end, [group], tenant)]
-             for group in ("model", "key", "day")} if tenant else {}
+             for group, *_ in DRILLS} if tenant else {}
     by_model = sorted((with_rates(r) for r in store.totals(start, end, ["model"], tenant)),
                       key=lambda r: -r["cost_usd"])
     total = with_rates(sum_rows(by_day_tenant))
@@ -172,9 +202,9 @@ def _gather(store: LedgerStore, gw: Gateway, shown: Range, tenant: str | None) -
         rows = store.totals(period_start(view.budget.period, now), OPEN_END, [], name)
         spent = rows[0]["cost_usd"] if rows else 0.0
         budgets.append({"tenant": name, "period": view.budget.period, "limit_usd": view.budget.limit_usd,
-                        "spent_usd": spent or 0.0})
+                        "spent_usd": round(spent or 0.0, 9)})
     return {"from": start, "to": end, "by_day_tenant": by_day_tenant, "by_model": by_model, "total": total,
-            "tokens_p95": store.tokens_percentile(start, end, 95), "budgets": budgets, "by_tenant": by_tenant,
+            "tokens_p95": store.tokens_percentile(start, end, 95, tenant), "budgets": budgets, "by_tenant": by_tenant,
             "before": before, "drill": drill, "tenant": tenant}
 
 
@@ -185,11 +215,22 @@ def _controls(shown: Range, tenant: str | None) -> str:
     options = "".join(f'<option value="{m}"{" selected" if m == shown.month else ""}>{m}</option>' for m in months)
     keep = f'<input type="hidden" name="tenant" value="{escape(tenant)}">' if tenant else ""
     return (f'<form method="get" action="/reports" class="range">{keep}<label>Last <input type="number" '
-            f'name="days" min="1" max="366" value="{shown.days if not shown.month else ""}" style="width:5em"> '
+            f'name="days" min="1" max="{MAX_DAYS}" required value="{shown.days if not shown.month else ""}" '
+            f'style="width:5em" data-testid="days"> '
             f'days</label> <button type="submit" data-testid="show-days">Show</button></form>'
             f'<form method="get" action="/reports" class="range">{keep}<label>Month <select name="month" '
             f'data-testid="month">{options}</select></label> <button type="submit" data-testid="show-month">Show'
             f'</button></form>')
+
+
+def _label(group: str, value: Any) -> str:
+    """A group's value as a table shows it: a readable word for none (the CSV leaves that cell empty)."""
+    return ABSENT.get(group, "-") if value is None else str(value)
+
+
+def _usd(value: Any) -> str:
+    """An amount as the page shows it; an alert's field that is not a number, as text."""
+    return plain(value) if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
 
 
 def _change(now: float, before: float | None) -> str:
@@ -201,38 +242,41 @@ def _change(now: float, before: float | None) -> str:
 def _tenant_table(data: dict[str, Any], shown: Range) -> str:
     budgets = {b["tenant"]: b for b in data["budgets"]}
     rows = []
-    for r in sorted(data["by_tenant"], key=lambda r: -r["cost_usd"]):
+    for r in sorted(data["by_tenant"], key=lambda r: (-r["cost_usd"], str(r["tenant"]))):
         name = str(r["tenant"])
         budget = budgets.get(name)
-        limit = f'{budget["limit_usd"]:g} / {budget["period"]}' if budget else "-"
+        limit = f'{plain(budget["limit_usd"])} / {budget["period"]}' if budget else "-"
         share = f'{budget["spent_usd"] / budget["limit_usd"] * 100:.1f}%' if budget and budget["limit_usd"] else "-"
         link = f'/reports?{shown.query}&tenant={urllib.parse.quote(name)}'
         rows.append(f'<tr data-testid="tenant-row"><td><a href="{escape(link)}">{escape(name)}</a></td>'
                     f'<td>{r["requests"]}</td><td>{r["prompt_tokens"] or 0}</td><td>{r["completion_tokens"] or 0}</td>'
-                    f'<td>{r["cached_tokens"] or 0}</td><td data-testid="tenant-cost">{r["cost_usd"]:.6f}</td>'
+                    f'<td>{r["cached_tokens"] or 0}</td><td data-testid="tenant-cost">{plain(r["cost_usd"])}</td>'
                     f'<td>{limit}</td><td>{share}</td>'
                     f'<td>{_change(r["cost_usd"], data["before"].get(r["tenant"]))}</td></tr>')
     csv = f"/admin/reports/costs?format=csv&group_by=tenant&{shown.csv}"
+    empty = '<p class="muted" data-testid="tenant-empty">No requests in this range.</p>' \
+        if not data["total"]["requests"] else ""
     return (f'<h2>Spend by tenant <a class="csv" href="{csv}" data-testid="tenant-csv">CSV</a></h2>'
             '<table data-testid="tenant-table"><tr><th>Tenant</th><th>Requests</th><th>Input tokens</th>'
             '<th>Output tokens</th><th>Cached tokens</th><th>Spend (USD)</th><th>Budget (USD)</th>'
             '<th>Budget used (its period)</th><th>Change vs the period before</th></tr>'
-            + ("".join(rows) or '<tr><td colspan="9">No requests in this range.</td></tr>') + "</table>")
+            + ("".join(rows) or '<tr><td colspan="9">The policy names no tenant.</td></tr>') + f"</table>{empty}")
 
 
 def _drill_down(data: dict[str, Any], shown: Range) -> str:
     tenant = data["tenant"]
     parts = [f'<h2 data-testid="drill-title">Tenant {escape(tenant)}</h2>'
              f'<p><a href="/reports?{shown.query}">All tenants</a></p>']
-    for group, title, key in (("model", "By model", "model"), ("key", "By key", "key_id"), ("day", "By day", "day")):
-        csv = (f"/admin/reports/costs?format=csv&group_by={group}&tenant={urllib.parse.quote(tenant)}"
+    for group, title, key, heading in DRILLS:
+        csv = (f"/admin/reports/costs?format=csv&group_by={group}&tenant={urllib.parse.quote(tenant, safe='')}"
                f"&{shown.csv}")
-        rows = "".join(f'<tr data-testid="drill-{group}"><td>{escape(str(r[key]))}</td><td>{r["requests"]}</td>'
-                       f'<td>{r["prompt_tokens"] or 0}</td><td>{r["completion_tokens"] or 0}</td>'
-                       f'<td>{r["cost_usd"]:.6f}</td></tr>' for r in data["drill"][group])
+        rows = "".join(f'<tr data-testid="drill-{group}"><td>{escape(_label(group, r[key]))}</td>'
+                       f'<td>{r["requests"]}</td><td>{r["prompt_tokens"] or 0}</td>'
+                       f'<td>{r["completion_tokens"] or 0}</td><td>{plain(r["cost_usd"])}</td></tr>'
+                       for r in data["drill"][group])
         parts.append(f'<h3>{title} <a class="csv" href="{escape(csv)}" data-testid="drill-{group}-csv">CSV</a></h3>'
-                     f'<table><tr><th>{group.capitalize()}</th><th>Requests</th><th>Input tokens</th>'
-                     f'<th>Output tokens</th><th>Spend (USD)</th></tr>'
+                     f'<table data-testid="drill-{group}-table"><tr><th>{heading}</th><th>Requests</th>'
+                     '<th>Input tokens</th><th>Output tokens</th><th>Spend (USD)</th></tr>'
                      f'{rows or "<tr><td colspan=5>None.</td></tr>"}</table>')
     return "".join(parts)
 
@@ -242,24 +286,24 @@ def _dashboard(data: dict[str, Any], shown: Range, alerts: list[dict[str, Any]])
     p95 = data["tokens_p95"]
     cards = "".join(f'<div class="card"><span class="muted">{label}</span><b data-testid="{tid}">{value}</b></div>'
                     for label, tid, value in (
-                        ("Spend (USD)", "total-cost", f"{total['cost_usd']:.6f}"),
+                        ("Spend (USD)", "total-cost", plain(total["cost_usd"])),
                         ("Requests", "total-requests", f"{total['requests']}"),
-                        ("Cost per 1,000 requests", "cost-per-1k", f"{total['cost_per_1k_requests_usd']:.6f}"),
+                        ("Cost per 1,000 requests", "cost-per-1k", plain(total["cost_per_1k_requests_usd"])),
                         ("Tokens per request p95", "tokens-p95", "-" if p95 is None else str(p95)),
                         ("Cache hits", "cache-hits", f"{total['cache_hits']}"),
                         ("Tokens saved by the cache", "cache-saved", f"{total['cache_saved_tokens']}")))
     models = "".join(
-        f'<tr data-testid="model-row"><td>{escape(str(r["model"]))}</td><td>{r["requests"]}</td>'
-        f'<td>{r["prompt_tokens"]}</td><td>{r["completion_tokens"]}</td><td>{r["cost_usd"]:.6f}</td>'
-        f'<td>{r["cost_per_1k_requests_usd"]:.6f}</td></tr>' for r in data["by_model"][:10])
+        f'<tr data-testid="model-row"><td>{escape(_label("model", r["model"]))}</td><td>{r["requests"]}</td>'
+        f'<td>{r["prompt_tokens"]}</td><td>{r["completion_tokens"]}</td><td>{plain(r["cost_usd"])}</td>'
+        f'<td>{plain(r["cost_per_1k_requests_usd"])}</td></tr>' for r in data["by_model"][:10])
     budgets = "".join(
         f'<tr data-testid="budget-row"><td>{escape(b["tenant"])}</td><td>{b["period"]}</td>'
-        f'<td>{b["spent_usd"]:.6f}</td><td>{b["limit_usd"]:g}</td>'
+        f'<td>{plain(b["spent_usd"])}</td><td>{plain(b["limit_usd"])}</td>'
         f'<td>{_bar(b["spent_usd"] / b["limit_usd"] if b["limit_usd"] else 0)}</td></tr>' for b in data["budgets"])
     anomaly_rows = "".join(
         f'<tr data-testid="anomaly-row"><td>{escape(str(a.get("time")))}</td><td>{escape(str(a.get("kind")))}</td>'
         f'<td>{escape(str(a.get("action")))}</td><td>{escape(str(a.get("tenant", "")))}</td>'
-        f'<td>{escape(str(a.get("worst_case_usd", a.get("hour_usd", a.get("spent_usd", "")))))}</td></tr>'
+        f'<td>{escape(_usd(a.get("worst_case_usd", a.get("hour_usd", a.get("spent_usd", "")))))}</td></tr>'
         for a in alerts)
     detail = _drill_down(data, shown) if data["tenant"] else _tenant_table(data, shown)
     body = f"""
@@ -284,6 +328,17 @@ tenant and model</a> · <a href="/admin/ledger?format=csv&{shown.csv}">Download 
     return _html("Tollgate costs", body)
 
 
+def _refused(problems: list[str], shown: Range, tenant: str | None) -> str:
+    """The page for parameters it cannot honour: what was wrong and what is accepted, above the form to put it
+    right (no figures: they would be for a period or tenant other than the one asked for)."""
+    listed = "".join(f"<li>{escape(problem)}</li>" for problem in problems)
+    body = (f'<h1>Tollgate costs</h1><div class="problem" role="alert" data-testid="problem"><b>This page cannot '
+            f'show that.</b><ul>{listed}</ul><a href="/reports">Show the last 30 days of every tenant</a></div>'
+            f'{_controls(shown, tenant)}<form method="post" action="/reports/logout"><button>Sign out</button>'
+            '</form>')
+    return _html("Tollgate costs: check the period", body)
+
+
 def _daily_chart(rows: list[dict[str, Any]], width: int = 760, height: int = 220) -> str:
     """Stacked bars: one per day, one colour per tenant."""
     if not rows:
@@ -302,11 +357,11 @@ def _daily_chart(rows: list[dict[str, Any]], width: int = 760, height: int = 220
             y -= h
             bars.append(f'<rect x="{50 + i * slot + slot * 0.1:.1f}" y="{y:.1f}" width="{slot * 0.8:.1f}" '
                         f'height="{h:.1f}" fill="{COLORS[j % len(COLORS)]}"><title>{escape(day)} '
-                        f'{escape(tenant)}: ${value:.6f}</title></rect>')
+                        f'{escape(tenant)}: ${plain(round(value, 9))}</title></rect>')
         if len(days) <= 31:
             bars.append(f'<text x="{50 + i * slot + slot / 2:.1f}" y="{height - 5}" font-size="10" '
                         f'text-anchor="middle">{day[5:]}</text>')
-    axis = (f'<text x="4" y="16" font-size="10">${peak:.4f}</text>'
+    axis = (f'<text x="4" y="16" font-size="10">${plain(round(peak, 9))}</text>'
             f'<line x1="48" y1="{height - 20}" x2="{width}" y2="{height - 20}" stroke="#999"/>')
     legend = "".join(f'<span><i style="background:{COLORS[j % len(COLORS)]}"></i>{escape(t)}</span>'
                      for j, t in enumerate(tenants))
