@@ -187,15 +187,17 @@ def parse_format(request: Request) -> str:
 
 
 def parse_tag(request: Request) -> str | None:
-    """One cost centre, ``key=value``, as records carry it in their tags."""
+    """One cost centre, ``key=value``, in the form records carry it (gateway.tags: the key lowercased, the value
+    stripped)."""
     tag = request.query_params.get("tag")
     if not tag:
         return None
     key, _, value = tag.partition("=")
-    if not key or not value or "," in tag or len(tag) > 256:
+    key, value = key.strip().lower(), value.strip()
+    if not key or not value or "=" in value or "," in tag or len(tag) > 256:
         raise InvalidRequest("tag takes one key=value pair (as project=search), matched exactly within a "
                              "record's tags.", "invalid_tag", param="tag")
-    return tag
+    return f"{key}={value}"
 
 
 async def parse_tenant(request: Request, store: LedgerStore) -> str | None:

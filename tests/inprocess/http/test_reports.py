@@ -93,8 +93,9 @@ def test_a_range_that_cannot_be_reported_is_refused_naming_its_parameter(query: 
 
 def test_a_tag_is_one_key_value_pair() -> None:
     assert parse_tag(asking("tag=project%3Dsearch")) == "project=search"
+    assert parse_tag(asking("tag=Project%3D%20search%20")) == "project=search", "as records carry it"
     assert parse_tag(asking("")) is None and parse_tag(asking("tag=")) is None
-    for bad in ("project", "=search", "project=", "a=1,b=2", "k=" + "v" * 300):
+    for bad in ("project", "=search", "project=", " = ", "a=1,b=2", "a=b=c", "k=" + "v" * 300):
         with pytest.raises(InvalidRequest) as refused:
             parse_tag(asking("tag=" + bad.replace("=", "%3D").replace(",", "%2C")))
         assert refused.value.param == "tag" and "key=value" in refused.value.message, bad
