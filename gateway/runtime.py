@@ -16,7 +16,7 @@ from gateway.cache.store import RedisStore
 from gateway.endpoints.responses import ResponseHomes
 from gateway.ledger.presence import Presence, Seen
 from gateway.ledger.writer import LedgerWriter
-from gateway.ops import tracing
+from gateway.ops import gpu_costs, tracing
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.scaling import Autoscaler
 from gateway.policy.loader import PolicyError, PolicySnapshot, PolicyStore
@@ -79,8 +79,10 @@ class Gateway:
             self._spawn(self._keep_beating())
         if self.ledger is not None:
             self.ledger.start()
-        if self.presence is not None:
+        if self.presence is not None and self.ledger is not None:
             self._spawn(self.presence.run(self.seen))
+            self._spawn(gpu_costs.keep_gauges(self.metrics, self.ledger.store, lambda: self.store.current.policy,
+                                              self.presence.live))
         try:
             yield
         finally:

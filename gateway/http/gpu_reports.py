@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -22,10 +21,8 @@ from gateway.http.guards import gateway_of, require_reader
 from gateway.http.reports import csv_response, ledger_store, parse_format, parse_time, query
 from gateway.http.responses import json_response
 from gateway.ledger import gpu
-from gateway.ledger.stores import LedgerStore, iter_all
 from gateway.ledger.times import at
-from gateway.ops import sizing
-from gateway.policy.schema import Policy
+from gateway.ops import gpu_costs as gpu_costs_
 
 COLUMNS = ("requests", "successful_requests", "prompt_tokens", "completion_tokens", "gpu_seconds", "gpu_cost_usd",
            "gpu_cost_per_1k_requests", "gpu_cost_per_1m_output_tokens", "list_cost_usd")
@@ -52,20 +49,6 @@ def parse_groups(text: str) -> list[str]:
     return groups
 
 
-def compute(store: LedgerStore, policy: Policy, start: float, end: float, group_by: list[str],
-            live: list[dict[str, Any]]) -> dict[str, Any]:
-    """The report (blocking: on a thread). Records that end up to the longest answer deadline after ``end`` may
-    have run inside the period: they are read too, and only their part inside counts. ``live``: this process's
-    open presence spans as they stand, in place of their last written beat."""
-    late = max((p.answer_deadline_s for p in policy.pools.values()), default=900.0)
-    records = (r for page in iter_all(store, at(start), at(end + late), None) for r in page)
-    spans = {s["id"]: s for s in store.presence(at(start), at(end))} | {s["id"]: s for s in live}
-    report = gpu.report(records, spans.values(), policy.pools, start, end, group_by)
-    out = report.public()
-    out["cheapest"] = [s.public() for s in sizing.cheapest(report, policy)]
-    return out
-
-
 async def gpu_costs(request: Request) -> Response:
     await require_reader(request)
     start, end = gpu_range(request, time.time())
@@ -73,7 +56,7 @@ async def gpu_costs(request: Request) -> Response:
     fmt = parse_format(request)
     gw = gateway_of(request)
     live = gw.presence.live(time.time()) if gw.presence is not None else []
-    out = await query(compute, ledger_store(request), gw.store.current.policy, start, end, group_by, live)
+    out = await query(gpu_costs_.gather, ledger_store(request), gw.store.current.policy, start, end, group_by, live)
     tenant = request.query_params.get("tenant")
     if tenant is not None:
         out["data"] = [r for r in out["data"] if r["kind"] == "idle" or r.get("tenant") == tenant]

@@ -35,6 +35,14 @@ class GatewayMetrics:
                                             registry=r)
         self.retries = Counter("tollgate_upstream_retries", "Requests retried on another worker.", ["pool"],
                                registry=r)
+        window = "over the last 15 minutes, fleet-wide (the same on every replica: aggregate with max)"
+        self.gpu_busy = Gauge("tollgate_gpu_busy_seconds", f"Seconds the worker ran a request, {window}.",
+                              ["pool", "worker"], registry=r)
+        self.gpu_idle = Gauge("tollgate_gpu_idle_seconds", f"Seconds the worker was configured and ran nothing "
+                              f"(down included), {window}.", ["pool", "worker"], registry=r)
+        self.gpu_per_1k = Gauge("tollgate_gpu_cost_per_1k_requests_usd", f"GPU cost of 1,000 successful requests "
+                                f"(their share of the workers' busy time at the pools' rates), {window}.", ["tier"],
+                                registry=r)
         self.worker_up = Gauge("tollgate_worker_healthy", "1 if the worker is admitted for routing.",
                                ["pool", "worker"], registry=r)
         self.pool_healthy = Gauge("tollgate_pool_healthy_workers", "Workers of the pool admitted for routing (at 0 "
