@@ -1,10 +1,13 @@
-"""The finance page in a real browser: Debian's chromium driven by Playwright, numbers checked against the API."""
+"""The finance page in a real browser: Debian's chromium driven by Playwright, numbers checked against the API;
+every tenant listed, no number in exponent notation, downloads named for what they hold, a drill-down's own p95,
+and each parameter the page or the API cannot honour answered with a 400 that says so."""
 
 from __future__ import annotations
 
 import csv
 import io
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from tests.conftest import DEMO_KEY, FINANCE_TOKEN, PREMIUM_KEY, Proc, policy_di
 
 MODEL = "sim-llama-8b"
 CHROMIUM = "/usr/bin/chromium"
+EXPONENT = re.compile(r"(?<![\w.-])[-+]?\d+(?:\.\d+)?[eE][-+]?\d+(?![\w.])")  # 1e-05, 2.4E+3 as a whole word
 
 
 def screenshot_to(tmp_path: Path) -> Path:
@@ -31,12 +35,16 @@ def test_finance_page_shows_what_the_api_reports(start_gateway: Callable[..., Pr
     policy = policy_dict([sim.url])
     policy["tenants"]["capped"] = {"tier": "standard", "keys": ["sha256:" + hash_key("tg-test-capped-key")],
                                    "budget": {"period": "month", "limit_usd": 0.01}}
+    # no traffic, and a limit Python's repr and :g print as 1e-05
+    policy["tenants"]["idle"] = {"tier": "standard", "keys": [], "budget": {"period": "day", "limit_usd": 0.00001}}
     gateway = start_gateway(policy)
     for key, n in ((DEMO_KEY, 6), (PREMIUM_KEY, 3), ("tg-test-capped-key", 4)):
         for i in range(n):
+            # prem asks long questions: the gateway's p95 is one of them, demo's own far below it
+            content = "a much longer question " * 60 if key == PREMIUM_KEY else f"question {i} " * (i + 1)
             answer = httpx.post(gateway.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
                                 json={"model": MODEL, "max_tokens": 20 + i,
-                                      "messages": [{"role": "user", "content": f"question {i} " * (i + 1)}]})
+                                      "messages": [{"role": "user", "content": content}]})
             assert answer.status_code == 200
     finance = {"Authorization": f"Bearer {FINANCE_TOKEN}"}
 
@@ -46,6 +54,8 @@ def test_finance_page_shows_what_the_api_reports(start_gateway: Callable[..., Pr
     assert wait_for(lambda: report()["total"]["requests"] == 13, timeout=15)  # type: ignore[index]
     total = report()["total"]
     assert isinstance(total, dict)
+    records = httpx.get(gateway.url + "/admin/ledger", headers=finance).json()["data"]
+    assert len(records) == 13
 
     # `tollgate costs` in an 80-column terminal: every column there, none cut to an ellipsis
     import subprocess
@@ -74,34 +84,61 @@ def test_finance_page_shows_what_the_api_reports(start_gateway: Callable[..., Pr
 
         def shown(test_id: str) -> str:
             return page.inner_text(f"[data-testid={test_id}]")
+
+        def plain_page() -> None:
+            """No number on the page in exponent notation (its text, and its SVG's titles)."""
+            text = page.inner_text("body") + " ".join(page.locator("svg title").all_text_contents())
+            assert EXPONENT.findall(text) == [], EXPONENT.findall(text)
+
+        def download(test_id_or_selector: str) -> tuple[str, list[dict[str, str]]]:
+            """A CSV link's file name (content-disposition) and rows, fetched with the page's sign-in."""
+            selector = test_id_or_selector if "[" in test_id_or_selector else f"[data-testid={test_id_or_selector}]"
+            href = page.get_attribute(selector, "href")
+            assert href is not None
+            got = page.request.get(gateway.url + href)
+            assert got.status == 200 and EXPONENT.search(got.text()) is None, got.text()
+            name = re.fullmatch(r'attachment; filename="([A-Za-z0-9._-]+)"', got.headers["content-disposition"])
+            assert name is not None, got.headers["content-disposition"]
+            return name[1], list(csv.DictReader(io.StringIO(got.text())))
         assert float(shown("total-cost")) == pytest.approx(total["cost_usd"], abs=1e-6)
         assert int(shown("total-requests")) == 13
         assert float(shown("cost-per-1k")) == pytest.approx(total["cost_per_1k_requests_usd"], abs=1e-6)
-        assert int(shown("tokens-p95")) > 0
+        everyone = sorted(r["prompt_tokens"] + r["completion_tokens"] for r in records)
+        assert int(shown("tokens-p95")) == everyone[12], "the 95th percentile of 13: the largest"
+        plain_page()
+        first, last = re.search(r"(\d{4}-\d\d-\d\d) to (\d{4}-\d\d-\d\d)", shown("range")).groups()  # type: ignore[union-attr]
         assert page.locator("[data-testid=daily-chart] rect").count() >= 3  # one bar part per tenant today
         assert page.locator("[data-testid=model-row]").count() == 1
         budget = page.inner_text("[data-testid=budget-row]")
         assert "capped" in budget and "month" in budget
-        # the CSV link works with the page's sign-in, and sums to the same spend
-        link = page.get_attribute("a[href*='format=csv&group_by']", "href")
-        assert link is not None
-        download = page.request.get(gateway.url + link)
-        assert download.status == 200
-        rows = list(csv.DictReader(io.StringIO(download.text())))
+        # the CSV links work with the page's sign-in, sum to the same spend, and are named for what they hold
+        name, rows = download("a[href*='format=csv&group_by=day,tenant,model']")
+        assert name == f"costs_{first}_{last}_by-day-tenant-model.csv"
         assert sum(float(r["cost_usd"]) for r in rows) == pytest.approx(total["cost_usd"], abs=1e-6)
-        # the tenant table: each tenant's spend as the API reports it, its CSV the same
+        name, rows = download("a[href*='/admin/ledger?format=csv']")
+        assert name == f"ledger_{first}_{last}.csv" and len(rows) == 13
+        # the tenant table: every tenant of the policy, each one's spend as the API reports it, its CSV the same
         by_tenant = {r["tenant"]: r for r in httpx.get(gateway.url + "/admin/reports/costs", headers=finance,
                                                          params={"group_by": "tenant"}).json()["data"]}
+        assert set(by_tenant) == {"demo", "prem", "capped", "bulk", "idle"}
         rows = page.locator("[data-testid=tenant-row]")
-        assert rows.count() == 3
-        for i in range(3):
+        assert rows.count() == 5
+        for i in range(5):
             cells = rows.nth(i).locator("td").all_inner_texts()
             assert float(cells[5]) == pytest.approx(by_tenant[cells[0]]["cost_usd"], abs=1e-6)
-            assert int(cells[1]) == by_tenant[cells[0]]["requests"] and cells[8] == "new"
+            assert int(cells[1]) == by_tenant[cells[0]]["requests"]
+            assert cells[8] == ("new" if by_tenant[cells[0]]["requests"] else "-")
+        for quiet in ("bulk", "idle"):
+            cells = page.locator("[data-testid=tenant-row]", has_text=quiet).locator("td").all_inner_texts()
+            assert cells[1:6] == ["0", "0", "0", "0", "0.00"], (quiet, cells)
         capped_row = page.locator("[data-testid=tenant-row]", has_text="capped").locator("td").all_inner_texts()
         assert capped_row[6] == "0.01 / month" and capped_row[7].endswith("%")
-        tenant_csv = page.request.get(gateway.url + page.get_attribute("[data-testid=tenant-csv]", "href"))
-        assert {r["tenant"] for r in csv.DictReader(io.StringIO(tenant_csv.text()))} == set(by_tenant)
+        idle_row = page.locator("[data-testid=tenant-row]", has_text="idle").locator("td").all_inner_texts()
+        assert idle_row[6] == "0.00001 / day", idle_row
+        assert "0.00001" in page.locator("[data-testid=budget-row]", has_text="idle").inner_text()
+        name, rows = download("tenant-csv")
+        assert name == f"costs_{first}_{last}_by-tenant.csv" and {r["tenant"] for r in rows} == set(by_tenant)
+        assert [r["cost_usd"] for r in rows if r["tenant"] in ("bulk", "idle")] == ["0.00", "0.00"]
         page.screenshot(path=str(screenshot_to(tmp_path)), full_page=True)
         # a calendar month: this one holds every request; the one before holds none
         this_month = page.locator("[data-testid=month] option").first.get_attribute("value")
@@ -109,17 +146,26 @@ def test_finance_page_shows_what_the_api_reports(start_gateway: Callable[..., Pr
         page.click("[data-testid=show-month]")
         page.wait_for_selector("[data-testid=range]")
         assert f"Calendar month {this_month}" in shown("range") and int(shown("total-requests")) == 13
+        name, _ = download("tenant-csv")
+        assert name == f"costs_{this_month}_by-tenant.csv"
+        plain_page()
         earlier = page.locator("[data-testid=month] option").nth(1).get_attribute("value")
         page.select_option("[data-testid=month]", earlier)
         page.click("[data-testid=show-month]")
         page.wait_for_selector("[data-testid=range]")
         assert f"Calendar month {earlier}" in shown("range") and int(shown("total-requests")) == 0
-        assert "No requests in this range." in shown("tenant-table")
+        assert "No requests in this range." in shown("tenant-empty")
+        assert page.locator("[data-testid=tenant-row]").count() == 5, "every tenant, at zero"
+        assert set(page.locator("[data-testid=tenant-cost]").all_inner_texts()) == {"0.00"}
         # a tenant's drill-down, by model, key and day, as the API reports it for that tenant
         page.goto(gateway.url + "/reports?days=7")
+        week = re.search(r"(\d{4}-\d\d-\d\d) to (\d{4}-\d\d-\d\d)", shown("range")).groups()  # type: ignore[union-attr]
         page.click("[data-testid=tenant-row] a:text-is('demo')")
         page.wait_for_selector("[data-testid=drill-title]")
         assert shown("drill-title") == "Tenant demo" and int(shown("total-requests")) == 6
+        demo = sorted(r["prompt_tokens"] + r["completion_tokens"] for r in records if r["tenant"] == "demo")
+        assert int(shown("tokens-p95")) == demo[5] < everyone[12], "demo's own p95, not the gateway's"
+        plain_page()
         api = httpx.get(gateway.url + "/admin/reports/costs", headers=finance,
                         params={"group_by": "key", "tenant": "demo"}).json()["data"]
         key_cells = page.locator("[data-testid=drill-key]").locator("td").all_inner_texts()
@@ -127,8 +173,41 @@ def test_finance_page_shows_what_the_api_reports(start_gateway: Callable[..., Pr
         assert float(key_cells[4]) == pytest.approx(api[0]["cost_usd"], abs=1e-6)
         assert page.locator("[data-testid=drill-model]").count() == 1
         assert page.locator("[data-testid=drill-day]").count() == 1
-        day_csv = page.request.get(gateway.url + page.get_attribute("[data-testid=drill-day-csv]", "href"))
-        assert sum(float(r["cost_usd"]) for r in csv.DictReader(io.StringIO(day_csv.text()))) == pytest.approx(
-            by_tenant["demo"]["cost_usd"], abs=1e-6)
+        name, rows = download("drill-day-csv")
+        assert name == f"costs_{week[0]}_{week[1]}_demo_by-day.csv"
+        assert sum(float(r["cost_usd"]) for r in rows) == pytest.approx(by_tenant["demo"]["cost_usd"], abs=1e-6)
+        tag_rows = page.locator("[data-testid=drill-tag]")  # cost centres: "(untagged)" for a request without
+        assert sum(int(tag_rows.nth(i).locator("td").nth(1).inner_text()) for i in range(tag_rows.count())) == 6
+        name, rows = download("drill-tag-csv")
+        assert name == f"costs_{week[0]}_{week[1]}_demo_by-tag.csv" and sum(int(r["requests"]) for r in rows) == 6
+        assert "None" not in page.locator("td").all_inner_texts(), "no absent value shown as Python's None"
+
+        # each parameter the page cannot show: a 400, the page's form, what was wrong and what is accepted
+        for query, says in (("days=0", "from 1 to 366, not '0'"), ("days=abc", "whole number of days"),
+                            ("days=367", "from 1 to 366, not '367'"), ("month=2026-13", "YYYY-MM"),
+                            ("month=abc", "YYYY-MM"),
+                            ("tenant=nobody", "No tenant 'nobody': tenant takes one the policy names (bulk, capped, "
+                                              "demo, idle, prem)"),
+                            ("days=7&month=2026-11", "days or month, not both")):
+            answer = page.goto(f"{gateway.url}/reports?{query}")
+            assert answer is not None and answer.status == 400, query
+            assert says in shown("problem"), (query, shown("problem"))
+            assert page.locator("[data-testid=show-days]").is_visible() and page.locator("[data-testid=total-cost]"
+                                                                                         ).count() == 0, query
+        page.fill("[data-testid=days]", "7")  # corrected on the same page
+        page.click("[data-testid=show-days]")
+        page.wait_for_selector("[data-testid=total-cost]")
+        assert "Last 7 days" in shown("range") and int(shown("total-requests")) == 13
         assert screenshot_to(tmp_path).stat().st_size > 10_000
         browser.close()
+
+    # the API answers the same mistakes with OpenAI's error and the parameter's name
+    for params, param in (({"from": "2026-11-30", "to": "2026-11-01"}, "from"), ({"tenant": "nobody"}, "tenant"),
+                          ({"month": "2026-13"}, "month"), ({"month": "2026-11", "to": "2026-11-30"}, "month"),
+                          ({"tag": "no-pair"}, "tag")):
+        refused = httpx.get(gateway.url + "/admin/reports/costs", params=params, headers=finance)
+        error = refused.json()["error"]
+        assert refused.status_code == 400 and error["param"] == param and error["type"] == "invalid_request_error"
+    month = httpx.get(gateway.url + "/admin/reports/costs", headers=finance,
+                      params={"format": "csv", "group_by": "model", "month": this_month, "tenant": "demo"})
+    assert month.headers["content-disposition"] == f'attachment; filename="costs_{this_month}_demo_by-model.csv"'
