@@ -219,10 +219,10 @@ def unknown_tenant(name: str, tenants: Iterable[str]) -> str:
 
 
 def every_tenant(rows: list[dict[str, Any]], names: Iterable[str]) -> list[dict[str, Any]]:
-    """Rows by tenant with a zero row for each named tenant that has none, in name order."""
+    """Rows by tenant, then a zero row for each named tenant that has none (in name order): the tenants with
+    records keep the store's order ahead of them."""
     seen = {row["tenant"] for row in rows}
-    zeros = [{"tenant": name, **dict.fromkeys(TOTALS, 0)} for name in names if name not in seen]
-    return sorted([*rows, *zeros], key=lambda row: str(row["tenant"]))
+    return [*rows, *({"tenant": name, **dict.fromkeys(TOTALS, 0)} for name in sorted(names) if name not in seen)]
 
 
 def sum_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:

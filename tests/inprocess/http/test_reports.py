@@ -149,7 +149,8 @@ def test_costs_by_tenant_list_every_tenant_of_the_policy_with_zeros(tmp_path: Pa
                                            (COSTS, {"group_by": "tenant", "tenant": "ac me/é"}),
                                            (COSTS, {"group_by": "model", "month": "2026-11"}))
     rows = {r["tenant"]: r for r in by_tenant.json()["data"]}
-    assert list(rows) == ["ac me/é", "bulk", "demo", "prem"], "the policy's tenants and the one that left it"
+    assert list(rows) == ["ac me/é", "demo", "prem", "bulk"], \
+        "the tenants with records (the one that left the policy too), then the rest of the policy's at zero"
     assert rows["bulk"] == {"tenant": "bulk", "requests": 0, "prompt_tokens": 0, "completion_tokens": 0,
                                  "cached_tokens": 0, "cost_usd": 0.0, "cache_hits": 0, "cache_saved_tokens": 0,
                                  "errors": 0, "cost_per_1k_requests_usd": 0.0, "tokens_per_request": 0.0}
@@ -201,7 +202,7 @@ def test_the_csvs_are_named_for_what_they_hold_in_plain_decimals_with_empty_cell
     for reply in (by_tenant, month, records, everything):
         assert reply.status_code == 200 and not EXPONENT.search(reply.text), reply.text
     tenants = {r["tenant"]: r for r in csv.DictReader(io.StringIO(by_tenant.text))}
-    assert list(tenants) == ["bulk", "demo", "prem"] and tenants["bulk"]["cost_usd"] == "0.00", \
+    assert list(tenants) == ["demo", "prem", "bulk"] and tenants["bulk"]["cost_usd"] == "0.00", \
         "the policy's tenants; one that left it, only with records in the range"
     assert tenants["prem"]["cost_usd"] == "0.00001" and tenants["prem"]["cost_per_1k_requests_usd"] == "0.01"
     rows = list(csv.DictReader(io.StringIO(month.text)))
