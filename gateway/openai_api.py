@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from gateway import tags
 from gateway.context import RequestContext
 from gateway.endpoints.checks import bad, echo
 from gateway.errors import InvalidRequest, NotFound, NotPermitted
@@ -105,11 +106,14 @@ class Call:
         return self.prompt_estimate + self.max_output * self.sequences
 
 
-async def prepare(ctx: RequestContext, raw: bytes) -> Call:
-    """Parse and validate the body, resolve the model, apply the tier's max_tokens policy (ctx.tenant is set)."""
+async def prepare(ctx: RequestContext, raw: bytes, tags_header: bytes | None = None) -> Call:
+    """Parse and validate the body, resolve the model, apply the tier's max_tokens policy (ctx.tenant is set).
+    The cost centres come first (``tags_header``: the X-Tollgate-Tags header, if any), so a request refused
+    further on is still recorded under them."""
     assert ctx.tenant is not None
     endpoint = ctx.endpoint
     body = await parse_json(raw)
+    ctx.tags = tags.derive(body, tags_header)
     model = endpoint.validate(body)
     route = ctx.snapshot.policy.models.get(model)
     if route is None:

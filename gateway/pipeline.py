@@ -81,16 +81,17 @@ class Lifecycle:
 
 
 async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_control: bytes = b"",
-              service_class: str | None = None, session: str | None = None) -> None:
+              service_class: str | None = None, session: str | None = None, tags: bytes | None = None) -> None:
     """Answer one authenticated request (``ctx.tenant`` set) whose body is ``raw``; raise an outcome where it
     ends early. Run it inside a ``Lifecycle``.
 
     ``service_class`` is a class the caller asks for (the X-Tollgate-Class header, or "batch" for a batch
     line); a request may run in a lower class than its tenant's tier, never a higher one. ``session`` names a
-    conversation (the X-Session-Id header) whose requests should go to one worker."""
+    conversation (the X-Session-Id header) whose requests should go to one worker; ``tags`` is the
+    X-Tollgate-Tags header (cost centres, gateway.tags)."""
     assert ctx.tenant is not None
     ctx.service_class = lower_class(ctx.tenant.tier, service_class)
-    call = await openai_api.prepare(ctx, raw)
+    call = await openai_api.prepare(ctx, raw, tags)
     previous = gw.responses.of_previous(call.body, ctx.tenant.name) if ctx.endpoint.homed else None
     pinned = None
     if previous is not None:  # the worker holds the conversation, and puts it before this prompt

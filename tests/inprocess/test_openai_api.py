@@ -128,3 +128,39 @@ def test_the_gateway_key_outlives_a_restart(tmp_path: Path) -> None:
     repaired = Secret()
     repaired.load(tmp_path)
     assert len((tmp_path / FILE).read_bytes()) == 32 and repaired.derive(b"p", b"m") != first.derive(b"p", b"m")
+
+
+def test_prepare_records_the_cost_centres_and_forwards_metadata_and_user_unchanged() -> None:
+    """The header (handed down by the edge) and the body's metadata and user become ctx.tags; the worker gets
+    the body's metadata and user as sent (vLLM takes both); tags that break the rules are a 400 before any
+    worker is asked, with no tags recorded."""
+    from gateway import pipeline
+    from gateway.context import RequestContext
+    from gateway.sink import BufferSink
+    from tests.fakes import FakeWorker, chat, completion_json, json_of, running_gateway
+
+    async def send(gw: Any, body: dict[str, Any], header: bytes | None) -> tuple[RequestContext, BufferSink]:
+        ctx = RequestContext("r", gw.store.current, CHAT)
+        ctx.tenant = gw.store.current.tenants["demo"]
+        sink = BufferSink()
+        async with pipeline.Lifecycle(gw, ctx, sink):
+            await pipeline.run(gw, ctx, orjson.dumps(body), sink, tags=header)
+        return ctx, sink
+
+    async def main() -> None:
+        async with FakeWorker(json_of(completion_json())) as w, running_gateway([w.url]) as gw:
+            metadata = {"Project": "ranker", "note": "x" * 100}
+            ctx, sink = await send(gw, chat(metadata=metadata, user="u-17"), b"cost_center=search")
+            assert sink.status == 200 and ctx.tags == f"cost_center=search,note={'x' * 64},project=ranker,user=u-17"
+            assert (w.requests[-1]["metadata"], w.requests[-1]["user"]) == (metadata, "u-17")
+            ctx, sink = await send(gw, chat(), None)
+            assert sink.status == 200 and ctx.tags is None and "metadata" not in w.requests[-1]
+            asked = len(w.requests)
+            ctx, sink = await send(gw, chat(user="u"), b"project=a\x01b")
+            assert sink.status == 400 and sink.error is not None and sink.error.param == "X-Tollgate-Tags"
+            ctx, sink = await send(gw, chat(metadata={"team": 7}), None)
+            assert sink.status == 400 and sink.error is not None and sink.error.param == "metadata.team"
+            assert ctx.tags is None and len(w.requests) == asked, "no worker was asked"
+            ctx, sink = await send(gw, chat(model="nope"), b"project=p")
+            assert sink.status == 404 and ctx.tags == "project=p", "a request refused later keeps its tags"
+    asyncio.run(main())

@@ -17,7 +17,7 @@ GATEWAY = ROOT / "gateway"
 CONTEXT_WRITERS = {
     "tenant": "gateway/http/app.py", "key_id": "gateway/http/app.py", "status": "gateway/pipeline.py",
     "model": "gateway/openai_api.py", "stream": "gateway/openai_api.py",
-    "max_tokens_applied": "gateway/openai_api.py",
+    "max_tokens_applied": "gateway/openai_api.py", "tags": "gateway/openai_api.py",
     "batch": "gateway/batches/runner.py",
     "service_class": "gateway/pipeline.py",
     "cache": "gateway/cache/decision.py", "cache_similarity": "gateway/cache/decision.py",
@@ -40,10 +40,10 @@ WORKER_PART_WRITERS = {
     "observed": "gateway/fleet/observe.py", "learned": "gateway/scheduling/capacity.py",
     "agreed": "gateway/state/replicas.py",
 }
-# the batch runner builds a context for each line as the HTTP edge does for a request, and the cache audit for
-# each re-ask (under its own key id)
-ALSO = {("tenant", "gateway/batches/runner.py"), ("tenant", "gateway/batches/audit.py"),
-        ("key_id", "gateway/batches/audit.py")}
+# the batch runner builds a context for each line as the HTTP edge does for a request (under the key that
+# created the batch), and the cache audit for each re-ask (under its own key id)
+ALSO = {("tenant", "gateway/batches/runner.py"), ("key_id", "gateway/batches/runner.py"),
+        ("tenant", "gateway/batches/audit.py"), ("key_id", "gateway/batches/audit.py")}
 
 
 def targets(tree: ast.AST) -> list[ast.expr]:
