@@ -1,12 +1,12 @@
 """Drives each active batch: validate its file, run its lines through the pipeline as class batch, finalize.
 
 Lines go through ``pipeline.run`` exactly as live requests do (same auth view, policy, cache, scheduler and
-accounting), in class ``batch``, so the scheduler gives them only capacity no premium or standard request
-is waiting for. A line turned away for now (``TryLater``: shed, rate limited, no healthy worker) waits its
-retry time and tries again without counting as a failure; one that fails in a worker or the gateway is retried
-``line_attempts`` times; any other outcome (a bad line, a budget used up) is the line's answer. At most
-``batches.max_inflight_lines`` lines are out at once over all batches: enough to fill idle workers, few
-enough that they do not crowd the batch queue's bound.
+accounting; in the ledger, as requests of the key that created the batch), in class ``batch``, so the
+scheduler gives them only capacity no premium or standard request is waiting for. A line turned away for now
+(``TryLater``: shed, rate limited, no healthy worker) waits its retry time and tries again without counting
+as a failure; one that fails in a worker or the gateway is retried ``line_attempts`` times; any other outcome
+(a bad line, a budget used up) is the line's answer. At most ``batches.max_inflight_lines`` lines are out at
+once over all batches: enough to fill idle workers, few enough that they do not crowd the batch queue's bound.
 
 Every finished line is checkpointed at once (BatchStore.finish_line). After a crash, ``start`` resumes
 every active batch and only lines without a checkpoint run again.
@@ -330,7 +330,7 @@ class BatchRunner:
             return None, 0
         body = await store.do(store.body, record.id, line_no)
         ctx = RequestContext(f"{record.id}-{line_no}", snapshot, BY_PATH[record.row["endpoint"]])
-        ctx.tenant, ctx.batch = tenant, record.id
+        ctx.tenant, ctx.batch, ctx.key_id = tenant, record.id, record.key_id  # the key that created the batch
         sink = BufferSink()
         async with pipeline.Lifecycle(gw, ctx, sink):
             await pipeline.run(gw, ctx, body, sink, b"", "batch")

@@ -62,7 +62,7 @@ CREATE TABLE IF NOT EXISTS batches (
     expires_at BIGINT NOT NULL, in_progress_at BIGINT, finalizing_at BIGINT, completed_at BIGINT,
     failed_at BIGINT, expired_at BIGINT, cancelling_at BIGINT, cancelled_at BIGINT,
     output_file_id TEXT, error_file_id TEXT, errors TEXT, metadata TEXT, total INTEGER NOT NULL DEFAULT 0,
-    validation_tries INTEGER NOT NULL DEFAULT 0, validated_by TEXT, validated_until {real});
+    validation_tries INTEGER NOT NULL DEFAULT 0, validated_by TEXT, validated_until {real}, key_id TEXT);
 CREATE INDEX IF NOT EXISTS batches_by_tenant ON batches (tenant, created_at);
 CREATE TABLE IF NOT EXISTS batch_lines (
     batch_id TEXT NOT NULL, line_no INTEGER NOT NULL, custom_id TEXT NOT NULL, body {blob} NOT NULL,
@@ -108,6 +108,12 @@ class BatchRecord:
     @property
     def tenant(self) -> str:
         return str(self.row["tenant"])
+
+    @property
+    def key_id(self) -> str | None:
+        """The short id of the key that created the batch (gateway.auth.identify): its lines are that key's
+        requests in the ledger. None for a batch made before it was kept."""
+        return self.row.get("key_id")
 
     def to_openai(self) -> dict[str, Any]:
         r = self.row
@@ -251,14 +257,15 @@ class BatchStore(abc.ABC):
     # -- batches -------------------------------------------------------------------------------------------
 
     def create_batch(self, tenant: str, endpoint: str, input_file_id: str, window: str,
-                     metadata: dict[str, str] | None) -> BatchRecord:
+                     metadata: dict[str, str] | None, key_id: str | None = None) -> BatchRecord:
+        """A new batch, validating; ``key_id``: the key that created it, whose requests its lines are."""
         now = int(self.clock())
         batch_id = new_id("batch_")
         self._run(
             "INSERT INTO batches (id, tenant, endpoint, input_file_id, completion_window, status, created_at, "
-            "expires_at, metadata) VALUES (?, ?, ?, ?, ?, 'validating', ?, ?, ?)",
+            "expires_at, metadata, key_id) VALUES (?, ?, ?, ?, ?, 'validating', ?, ?, ?, ?)",
             (batch_id, tenant, endpoint, input_file_id, window, now, now + WINDOW_S,
-             orjson.dumps(metadata).decode() if metadata is not None else None))
+             orjson.dumps(metadata).decode() if metadata is not None else None, key_id))
         record = self.get_batch(batch_id)
         assert record is not None
         return record
@@ -450,8 +457,8 @@ class SqliteBatchStore(BatchStore):
             db.executescript(_SCHEMA.format(blob="BLOB", real="REAL"))
             columns = {row[1] for row in db.execute("PRAGMA table_info(batches)")}
             for column, kind in (("validation_tries", "INTEGER NOT NULL DEFAULT 0"), ("validated_by", "TEXT"),
-                                 ("validated_until", "REAL")):
-                if column not in columns:  # a data directory from before validation had a lease
+                                 ("validated_until", "REAL"), ("key_id", "TEXT")):
+                if column not in columns:  # a data directory from before validation's lease or the batch's key
                     db.execute(f"ALTER TABLE batches ADD COLUMN {column} {kind}")
             self._db = db
         return self._db
@@ -538,7 +545,7 @@ class PostgresBatchStore(BatchStore):
                 db.execute("CREATE TABLE IF NOT EXISTS batch_file_chunks (file_id TEXT NOT NULL, seq INTEGER "
                            "NOT NULL, data BYTEA NOT NULL, PRIMARY KEY (file_id, seq))")
                 for column in ("validation_tries INTEGER NOT NULL DEFAULT 0", "validated_by TEXT",
-                               "validated_until DOUBLE PRECISION"):
+                               "validated_until DOUBLE PRECISION", "key_id TEXT"):
                     db.execute(f"ALTER TABLE batches ADD COLUMN IF NOT EXISTS {column}")
             self._db = db
         return self._db

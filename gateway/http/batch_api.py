@@ -19,12 +19,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from gateway.auth import identify
 from gateway.batches.lines import ENDPOINTS
 from gateway.batches.runner import BatchRunner
 from gateway.batches.store import BatchRecord, BatchStore, FileRecord, new_id
 from gateway.errors import Conflict, InvalidRequest, NotFound, QuotaExceeded, TooLarge
 from gateway.http.asgi import Message, read_body, request_headers
-from gateway.http.guards import tenant_of
+from gateway.http.guards import authorization, tenant_of
 from gateway.http.responses import NOSNIFF, json_response
 from gateway.openai_api import parse_json
 from gateway.policy.loader import TenantView
@@ -141,7 +142,10 @@ async def _file(request: Request, tenant: TenantView) -> FileRecord:
 
 
 async def create_batch(request: Request) -> Response:
-    tenant, runner = tenant_of(request), runner_of(request)
+    """A batch of the caller's tenant, which keeps the id of the caller's key: its lines are that key's
+    requests in the ledger."""
+    runner = runner_of(request)
+    tenant, key_id = identify(authorization(request), runner.gw.store.current)
     store = runner.store
     headers = request_headers(request.scope)
     body = await parse_json(await read_body(request.receive, headers,
@@ -160,7 +164,7 @@ async def create_batch(request: Request) -> Response:
         raise InvalidRequest(f"No file with id '{file_id[:64]}'.", "file_not_found", param="input_file_id")
     if source.purpose != "batch":
         raise InvalidRequest("The input file must have purpose 'batch'.", "invalid_input_file", param="input_file_id")
-    record = await store.do(store.create_batch, tenant.name, endpoint, file_id, window, metadata)
+    record = await store.do(store.create_batch, tenant.name, endpoint, file_id, window, metadata, key_id)
     runner.drive(record.id)
     return json_response(record.to_openai())
 

@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 
+from gateway.auth import hash_key
 from tests.conftest import DEMO_KEY, FINANCE_TOKEN, PREMIUM_KEY, Proc, policy_dict, wait_for
 from tests.fakes import HandClock
 
@@ -94,6 +95,13 @@ def test_openai_client_end_to_end(start_gateway: Callable[..., Proc], sim: Proc)
     # each line ran as class batch: the gateway's metrics count them under that tier
     metrics = httpx.get(gateway.url + "/metrics").text
     assert 'tollgate_requests_total{model="sim-llama-8b",status="200",tier="batch"} 6.0' in metrics
+
+    # ... and in the ledger as requests of the key that created the batch
+    def records() -> list[dict[str, Any]]:
+        return [r for r in httpx.get(gateway.url + "/admin/ledger", params={"format": "json"}, timeout=30, headers={
+            "Authorization": f"Bearer {FINANCE_TOKEN}"}).json()["data"] if r["batch"] == batch_id]
+    assert wait_for(lambda: len(records()) == 7, timeout=15)
+    assert {r["key_id"] for r in records()} == {"key-" + hash_key(DEMO_KEY)[:12]}
 
 
 def test_invalid_file_fails_the_batch_naming_each_line(start_gateway: Callable[..., Proc], sim: Proc) -> None:
@@ -417,3 +425,39 @@ def test_an_upload_slower_than_the_body_timeout_goes_through_and_a_trickle_does_
     assert slow.startswith(b"HTTP/1.1 200"), slow[:200]
     trickle = send(pieces=len(body) // 100, pause_s=0.05, upto=60_000)  # 2 KB/s: under 64 KiB in 2 s
     assert trickle.startswith(b"HTTP/1.1 408"), trickle[:200]
+
+
+def test_a_batch_keeps_the_key_that_created_it(batch_store: Any) -> None:
+    made = batch_store.create_batch("acme", "/v1/chat/completions", "file-x", "24h", None, "key-0123456789ab")
+    assert batch_store.get_batch(made.id).key_id == "key-0123456789ab"
+    assert batch_store.create_batch("acme", "/v1/chat/completions", "file-x", "24h", None).key_id is None
+
+
+def test_a_postgres_table_made_before_keys_were_kept_gets_the_column_at_open(pg_dsn: str, tmp_path: Path) -> None:
+    """In a schema of its own (the shared tables are left alone): an old batches table, its row read on."""
+    import psycopg
+
+    from gateway.batches.store import PostgresBatchStore
+
+    schema = f"before_keys_{os.getpid()}_{time.time_ns()}"
+    with psycopg.connect(pg_dsn, autocommit=True) as db:
+        db.execute(f"CREATE SCHEMA {schema}")
+        db.execute(f"CREATE TABLE {schema}.batches (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, endpoint TEXT NOT "
+                   "NULL, input_file_id TEXT NOT NULL, completion_window TEXT NOT NULL, status TEXT NOT NULL, "
+                   "created_at BIGINT NOT NULL, expires_at BIGINT NOT NULL, in_progress_at BIGINT, finalizing_at "
+                   "BIGINT, completed_at BIGINT, failed_at BIGINT, expired_at BIGINT, cancelling_at BIGINT, "
+                   "cancelled_at BIGINT, output_file_id TEXT, error_file_id TEXT, errors TEXT, metadata TEXT, "
+                   "total INTEGER NOT NULL DEFAULT 0)")
+        db.execute(f"INSERT INTO {schema}.batches (id, tenant, endpoint, input_file_id, completion_window, status, "
+                   "created_at, expires_at) VALUES ('batch_old', 'acme', '/v1/chat/completions', 'f', '24h', "
+                   "'completed', 1, 2)")
+    store = PostgresBatchStore(tmp_path, f"{pg_dsn}?options=-csearch_path%3D{schema}")
+    try:
+        old = store.get_batch("batch_old")
+        assert old is not None and old.key_id is None and old.status == "completed"
+        made = store.create_batch("acme", "/v1/chat/completions", "f", "24h", None, "key-new")
+        assert store.get_batch(made.id).key_id == "key-new"
+    finally:
+        store.close()
+        with psycopg.connect(pg_dsn, autocommit=True) as db:
+            db.execute(f"DROP SCHEMA {schema} CASCADE")
