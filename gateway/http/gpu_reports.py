@@ -18,9 +18,18 @@ from starlette.routing import Route
 
 from gateway.errors import InvalidRequest
 from gateway.http.guards import gateway_of, require_reader
-from gateway.http.reports import csv_response, ledger_store, parse_format, parse_time, query
+from gateway.http.reports import (
+    csv_response,
+    download_name,
+    ledger_store,
+    parse_format,
+    parse_tenant,
+    query,
+    time_range,
+)
 from gateway.http.responses import json_response
 from gateway.ledger import gpu
+from gateway.ledger.stores import OPEN_END, OPEN_START
 from gateway.ledger.times import at
 from gateway.ops import gpu_costs as gpu_costs_
 
@@ -29,15 +38,17 @@ COLUMNS = ("requests", "successful_requests", "prompt_tokens", "completion_token
 
 
 def gpu_range(request: Request, now: float) -> tuple[float, float]:
-    """The period as Unix times; ``from`` after ``to`` is a 400."""
-    q = request.query_params
-    if q.get("from"):
-        start = gpu.epoch(parse_time(q["from"], False))
-    else:
+    """The period as Unix times: ``month``, or ``from`` and ``to`` as the cost report takes them, an open start
+    being this UTC month's first moment and an open end now."""
+    first, after = time_range(request)
+    if first == OPEN_START:
         start = datetime.fromtimestamp(now, UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
-    end = gpu.epoch(parse_time(q["to"], True)) if q.get("to") else now
+    else:
+        start = gpu.epoch(first)
+    end = now if after == OPEN_END else gpu.epoch(after)
     if start >= end:
-        raise InvalidRequest("'from' must come before 'to'.", "invalid_time", param="from")
+        raise InvalidRequest("The period is empty: 'from' must come before 'to' (an open 'from' is the start of "
+                             "this month).", "invalid_range", param="from")
     return start, end
 
 
@@ -55,13 +66,18 @@ async def gpu_costs(request: Request) -> Response:
     group_by = parse_groups(request.query_params.get("group_by", "tenant"))
     fmt = parse_format(request)
     gw = gateway_of(request)
+    store = ledger_store(request)
+    tenant = await parse_tenant(request, store)
     live = gw.presence.live(time.time()) if gw.presence is not None else []
-    out = await query(gpu_costs_.gather, ledger_store(request), gw.store.current.policy, start, end, group_by, live)
-    tenant = request.query_params.get("tenant")
-    if tenant is not None:
+    out = await query(gpu_costs_.gather, store, gw.store.current.policy, start, end, group_by, live)
+    if group_by == ["tenant"]:  # every tenant of the policy, with zeros for those that ran nothing
+        named = {r["tenant"] for r in out["data"]}
+        out["data"] += [gpu_costs_.zero_row(name) for name in sorted(gw.store.current.tenants) if name not in named]
+    if tenant is not None:  # one tenant's rows; the workers' idle rows stay (the GPUs' hours are everyone's)
         out["data"] = [r for r in out["data"] if r["kind"] == "idle" or r.get("tenant") == tenant]
     if fmt == "csv":
-        name = f"gpu_{at(start)[:10]}_{at(end)[:10]}_by-{'-'.join(group_by)}.csv"
+        name = download_name("gpu", at(start), at(end), month=request.query_params.get("month"), tenant=tenant,
+                             group_by=group_by)
         return csv_response(["kind", *dict.fromkeys([*group_by, "worker"]), *COLUMNS], out["data"], name)
     return json_response({"object": "gpu_cost_report", "from": at(start), "to": at(end), **out})
 

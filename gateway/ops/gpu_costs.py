@@ -40,6 +40,11 @@ def gather(store: LedgerStore, policy: Policy, start: float, end: float, group_b
     return out
 
 
+def zero_row(tenant: str) -> dict[str, Any]:
+    """A tenant that ran nothing in the period, as a usage row."""
+    return {"kind": "usage", "tenant": tenant} | gpu.Row(()).public([], "usage")
+
+
 def publish(metrics: GatewayMetrics, out: dict[str, Any]) -> None:
     metrics.gpu_busy.clear()
     metrics.gpu_idle.clear()

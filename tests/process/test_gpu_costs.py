@@ -69,6 +69,7 @@ def test_tenants_pay_for_what_they_ran_and_idle_is_its_own_row(start_gateway: Ca
     out = settled(gateway, start, end, 36)
 
     rows = {r["tenant"]: r for r in out["data"] if r["kind"] == "usage"}
+    assert rows["bulk"]["requests"] == 0 and rows["bulk"]["gpu_cost_usd"] == 0  # listed, though it ran nothing
     idle = [r for r in out["data"] if r["kind"] == "idle"]
     assert sorted(r["worker"] for r in idle) == sorted(s.url for s in sims)
     assert all(r["tenant"] == "(idle)" and r["gpu_cost_usd"] >= 0 for r in idle)
@@ -101,7 +102,8 @@ def test_tenants_pay_for_what_they_ran_and_idle_is_its_own_row(start_gateway: Ca
 def test_bad_parameters_are_400s(start_gateway: Callable[..., Proc], start_sim: Callable[..., Proc]) -> None:
     gateway = start_gateway(policy_dict([start_sim().url]))
     for params in ({"from": "2026-11-30", "to": "2026-11-01"}, {"group_by": "colour"}, {"group_by": ""},
-                   {"from": "yesterday"}, {"format": "xml"}):
+                   {"from": "yesterday"}, {"format": "xml"}, {"month": "2026-13"}, {"tenant": "nobody"},
+                   {"month": "2026-11", "from": "2026-11-02"}):
         response = gpu_report(gateway, **params)
         assert response.status_code == 400, (params, response.text)
         assert response.json()["error"]["type"] == "invalid_request_error"
