@@ -39,13 +39,13 @@ COLUMNS = ("requests", "successful_requests", "prompt_tokens", "completion_token
 
 def gpu_range(request: Request, now: float) -> tuple[float, float]:
     """The period as Unix times: ``month``, or ``from`` and ``to`` as the cost report takes them, an open start
-    being this UTC month's first moment and an open end now."""
+    being this UTC month's first moment and an open end, or one still to come, now."""
     first, after = time_range(request)
     if first == OPEN_START:
         start = datetime.fromtimestamp(now, UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
     else:
         start = gpu.epoch(first)
-    end = now if after == OPEN_END else gpu.epoch(after)
+    end = now if after == OPEN_END else min(now, gpu.epoch(after))  # what is to come has cost nothing yet
     if start >= end:
         raise InvalidRequest("The period is empty: 'from' must come before 'to' (an open 'from' is the start of "
                              "this month).", "invalid_range", param="from")

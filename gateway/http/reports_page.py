@@ -32,12 +32,14 @@ from starlette.routing import Route
 
 from gateway.auth import is_admin
 from gateway.errors import InvalidRequest, NotPermitted
+from gateway.http import gpu_page
 from gateway.http.asgi import read_body, request_headers
 from gateway.http.guards import gateway_of, holds_report_token, reads_reports, sessions_of
 from gateway.http.reports import every_tenant, parse_month, parse_tenant, plain, query, sum_rows, with_rates
 from gateway.http.sessions import COOKIE, over_tls, same_origin
 from gateway.ledger.stores import OPEN_END, LedgerStore
 from gateway.ledger.times import period_start, sortable
+from gateway.ops import gpu_costs
 from gateway.runtime import Gateway
 from gateway.spend.alerts import public
 
@@ -84,7 +86,8 @@ async def page(request: Request) -> Response:
         problems.append(exc.message)
     if problems:
         return HTMLResponse(_refused(problems, shown, tenant), 400)
-    data = await query(_gather, gw.ledger.store, gw, shown, tenant)
+    live = gw.presence.live(time.time()) if gw.presence is not None else []
+    data = await query(_gather, gw.ledger.store, gw, shown, tenant, live)
     return HTMLResponse(_dashboard(data, shown, [public(a) for a in gw.alerts.recent[-20:][::-1]]))
 
 
@@ -182,8 +185,9 @@ def _next_month(day: datetime, step: int = 1) -> datetime:
     return day.replace(year=index // 12, month=index % 12 + 1, day=1)
 
 
-def _gather(store: LedgerStore, gw: Gateway, shown: Range, tenant: str | None) -> dict[str, Any]:
-    """Every figure on the page, from the store (on a thread)."""
+def _gather(store: LedgerStore, gw: Gateway, shown: Range, tenant: str | None,
+            live: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every figure on the page, from the store (on a thread); ``live``: this process's open presence spans."""
     now = time.time()
     start, end = sortable(shown.start), sortable(shown.end)
     by_day_tenant = store.totals(start, end, ["day", "tenant"], tenant)  # a drill-down's cards are its own
@@ -203,7 +207,10 @@ def _gather(store: LedgerStore, gw: Gateway, shown: Range, tenant: str | None) -
         spent = rows[0]["cost_usd"] if rows else 0.0
         budgets.append({"tenant": name, "period": view.budget.period, "limit_usd": view.budget.limit_usd,
                         "spent_usd": round(spent or 0.0, 9)})
-    return {"from": start, "to": end, "by_day_tenant": by_day_tenant, "by_model": by_model, "total": total,
+    gpu = gpu_costs.gather(store, gw.store.current.policy, shown.start.timestamp(),
+                           min(now, shown.end.timestamp()), ["tenant", "tier"], live)
+    return {"gpu": gpu, "tenants": sorted(gw.store.current.tenants), "from": start, "to": end,
+            "by_day_tenant": by_day_tenant, "by_model": by_model, "total": total,
             "tokens_p95": store.tokens_percentile(start, end, 95, tenant), "budgets": budgets, "by_tenant": by_tenant,
             "before": before, "drill": drill, "tenant": tenant}
 
@@ -315,6 +322,7 @@ tenant and model</a> · <a href="/admin/ledger?format=csv&{shown.csv}">Download 
 <form method="post" action="/reports/logout"><button>Sign out</button></form>
 <div class="cards">{cards}</div>
 {detail}
+{gpu_page.section(data["gpu"], shown.csv, data["tenant"], data["tenants"])}
 <h2>Daily spend by tenant (USD)</h2>{_daily_chart(data['by_day_tenant'])}
 <h2>Top models</h2>
 <table><tr><th>Model</th><th>Requests</th><th>Prompt tokens</th><th>Completion tokens</th><th>Cost (USD)</th>

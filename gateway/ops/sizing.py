@@ -39,7 +39,7 @@ class Sizing:
                 "peak_running": self.peak_running, "workers_ran": round(self.workers_ran, 3),
                 "cost_ran_usd": round(self.cost_ran_usd, 6), "workers_needed": round(self.workers_needed, 3),
                 "cost_needed_usd": round(self.cost_needed_usd, 6),
-                "saving_usd": round(self.cost_ran_usd - self.cost_needed_usd, 6),
+                "saving_usd": round(self.cost_ran_usd - self.cost_needed_usd, 6) + 0.0,  # never -0.0
                 "ttft_p95_ms": {t: round(v, 1) for t, v in self.ttft_p95_ms.items()}, "meets_slo": self.meets_slo}
 
 

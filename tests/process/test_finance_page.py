@@ -32,7 +32,7 @@ def test_finance_page_shows_what_the_api_reports(start_gateway: Callable[..., Pr
                                                 start_sim: Callable[..., Proc], tmp_path: Path) -> None:
     assert os.path.exists(CHROMIUM), "Debian's chromium is needed (.ci/run installs it)"
     sim = start_sim("--decode-base-ms", "2")
-    policy = policy_dict([sim.url])
+    policy = policy_dict([sim.url], gpu_usd_per_hour=2.5)
     policy["tenants"]["capped"] = {"tier": "standard", "keys": ["sha256:" + hash_key("tg-test-capped-key")],
                                    "budget": {"period": "month", "limit_usd": 0.01}}
     # no traffic, and a limit Python's repr and :g print as 1e-05
@@ -139,6 +139,25 @@ def test_finance_page_shows_what_the_api_reports(start_gateway: Callable[..., Pr
         name, rows = download("tenant-csv")
         assert name == f"costs_{first}_{last}_by-tenant.csv" and {r["tenant"] for r in rows} == set(by_tenant)
         assert [r["cost_usd"] for r in rows if r["tenant"] in ("bulk", "idle")] == ["0.00", "0.00"]
+        # the GPU section: the tenants' GPU cost as the GPU report gives it, the worker's hours, the cheapest line
+        gpu = httpx.get(gateway.url + "/admin/reports/gpu", headers=finance,
+                        params={"from": first, "to": last, "group_by": "tenant"}).json()
+        gpu_rows = {r["tenant"]: r for r in gpu["data"] if r["kind"] == "usage"}
+        shown_rows = page.locator("[data-testid=gpu-tenant-row]")
+        assert shown_rows.count() == len(gpu_rows) == 5
+        for i in range(5):
+            cells = shown_rows.nth(i).locator("td").all_inner_texts()
+            assert float(cells[3]) == pytest.approx(gpu_rows[cells[0]]["gpu_cost_usd"], abs=1e-6)
+            assert float(cells[4]) == pytest.approx(by_tenant[cells[0]]["cost_usd"], abs=1e-6)
+        assert gpu_rows["demo"]["gpu_cost_usd"] > 0 and gpu_rows["bulk"]["gpu_cost_usd"] == 0
+        assert page.locator("[data-testid=gpu-idle-row]").count() == 1
+        assert page.locator("[data-testid=gpu-worker-row]").count() == 1
+        assert "2.50" in page.inner_text("[data-testid=gpu-worker-row]")
+        assert "scaling rules would have run" in shown("cheapest")
+        assert shown("gpu-idle-share").endswith("%")
+        name, rows = download("gpu-csv")
+        assert name == f"gpu_{first}_{last}_by-tenant.csv" and {r["kind"] for r in rows} == {"usage", "idle"}
+        plain_page()
         page.screenshot(path=str(screenshot_to(tmp_path)), full_page=True)
         # a calendar month: this one holds every request; the one before holds none
         this_month = page.locator("[data-testid=month] option").first.get_attribute("value")
