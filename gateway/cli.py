@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import httpx
@@ -202,10 +203,13 @@ def cmd_costs(args: argparse.Namespace) -> None:
     token = args.token or os.environ.get("TOLLGATE_FINANCE_TOKEN") or os.environ.get("TOLLGATE_ADMIN_TOKEN")
     if not token:
         sys.exit("tollgate costs: give --token or set TOLLGATE_FINANCE_TOKEN")
-    params = {"group_by": args.group_by, "format": "csv" if args.csv else "json"}
-    params |= {k: v for k, v in (("from", args.start), ("to", args.end), ("tenant", args.tenant)) if v}
+    group_by = args.group_by or ("tenant" if args.gpu else "tenant,model")
+    params = {"group_by": group_by, "format": "csv" if args.csv else "json"}
+    params |= {k: v for k, v in (("from", args.start), ("to", args.end), ("tenant", args.tenant),
+                                 ("month", args.month)) if v}
+    path = "/admin/reports/gpu" if args.gpu else "/admin/reports/costs"
     try:
-        response = httpx.get(args.url.rstrip("/") + "/admin/reports/costs", params=params,
+        response = httpx.get(args.url.rstrip("/") + path, params=params,
                              headers={"Authorization": f"Bearer {token}"}, timeout=60)
     except httpx.HTTPError as exc:
         sys.exit(f"tollgate costs: {args.url} did not answer: {exc}")
@@ -218,6 +222,9 @@ def cmd_costs(args: argparse.Namespace) -> None:
     from rich.table import Table
 
     report = response.json()
+    if args.gpu:
+        _print_gpu(report)
+        return
     keys = ["key_id" if g == "key" else g for g in report["group_by"]]
     table = Table(title=f"Costs {(report['from'] or 'the start')[:10]} .. {(report['to'] or 'now')[:10]}",
                   padding=(0, 1), collapse_padding=True)
@@ -231,6 +238,45 @@ def cmd_costs(args: argparse.Namespace) -> None:
     for row in [*report["data"], {**report["total"], **dict.fromkeys(keys[:1], "TOTAL")}]:
         table.add_row(*(f"{row.get(c, ''):.6f}" if c.endswith("usd") else str(row.get(c, "")) for c in columns))
     Console().print(table)
+
+
+def _print_gpu(report: dict[str, Any]) -> None:
+    """The GPU report as three tables: the groups (idle rows apart), the workers' hours, the cheapest line."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from gateway.http.reports import plain
+
+    console = Console()
+    keys = list(dict.fromkeys([*report["group_by"], "worker"]))
+    table = Table(title=f"GPU cost {report['from'][:10]} .. {report['to'][:10]}", padding=(0, 1),
+                  collapse_padding=True)
+    headers = {"requests": "requests", "gpu_seconds": "GPU\nseconds", "gpu_cost_usd": "GPU\nUSD",
+               "gpu_cost_per_1k_requests": "GPU USD\nper 1k req", "list_cost_usd": "list\nUSD"}
+    for name in [*keys, *headers]:
+        table.add_column(headers.get(name, name), justify="left" if name in keys else "right", overflow="fold")
+    for row in report["data"]:
+        cells = [str(row.get(k) or ("" if k == "worker" else "-")) for k in keys]
+        for name in headers:
+            value = row.get(name)
+            cells.append("-" if value is None else plain(value) if name != "requests" else str(value))
+        table.add_row(*cells)
+    console.print(table)
+    workers = Table(title="Workers", padding=(0, 1), collapse_padding=True)
+    for name in ("worker", "USD/h", "hours", "busy", "idle", "util", "USD", "idle USD"):
+        workers.add_column(name, justify="left" if name == "worker" else "right", overflow="fold")
+    for w in report["workers"]:
+        workers.add_row(w["worker"], "-" if w["usd_per_hour"] is None else plain(w["usd_per_hour"]),
+                        f"{w['configured_hours']:.3f}", f"{w['busy_hours']:.3f}", f"{w['idle_hours']:.3f}",
+                        f"{w['utilisation'] * 100:.1f}%", plain(w["cost_usd"]), plain(w["idle_cost_usd"]))
+    console.print(workers)
+    r = report["reconciliation"]
+    console.print(f"tenants {plain(r['attributed_usd'])} + idle {plain(r['idle_usd'])} = workers' hours x rate "
+                  f"{plain(r['workers_cost_usd'])} USD")
+    for p in report["cheapest"]:
+        console.print(f"cheapest for {p['pool']}: ran {p['workers_ran']:.2f} workers for {plain(p['cost_ran_usd'])} "
+                      f"USD; the scaling rules would have run {p['workers_needed']:.2f} for "
+                      f"{plain(p['cost_needed_usd'])} USD ({'met' if p['meets_slo'] else 'missed'} the TTFT SLO)")
 
 
 def cmd_diagnose(args: argparse.Namespace) -> None:
@@ -341,7 +387,11 @@ def build_parser() -> argparse.ArgumentParser:
     costs.add_argument("--from", dest="start", help="ISO date or time (UTC)")
     costs.add_argument("--to", dest="end", help="ISO date (inclusive) or time")
     costs.add_argument("--tenant")
-    costs.add_argument("--group-by", default="tenant,model", help="from tenant,model,day,tier,class,key")
+    costs.add_argument("--group-by", help="from tenant,model,day,tier,class,key,tag,worker (default tenant,model; "
+                       "with --gpu: tenant, from tenant,model,tier,class,worker,tag,key)")
+    costs.add_argument("--month", help="a calendar month, YYYY-MM (instead of --from/--to)")
+    costs.add_argument("--gpu", action="store_true", help="what the GPUs cost: the workers' hours shared among "
+                       "the requests they ran, idle apart")
     costs.add_argument("--csv", action="store_true", help="CSV instead of a table")
     costs.set_defaults(func=cmd_costs)
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -15,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from gateway.http.reports import plain
 from tests.conftest import DEMO_KEY, FINANCE_TOKEN, PREMIUM_KEY, Proc, on_shared_state, policy_dict, wait_for
 
 MODEL = "sim-llama-8b"
@@ -98,6 +102,14 @@ def test_tenants_pay_for_what_they_ran_and_idle_is_its_own_row(start_gateway: Ca
     assert {r["kind"] for r in table} == {"usage", "idle"}
     total = sum(float(r["gpu_cost_usd"]) for r in table)
     assert total == pytest.approx(rec["workers_cost_usd"], abs=1e-5)
+
+    printed = subprocess.run([sys.executable, "-m", "gateway", "costs", "--gpu", "--url", gateway.url, "--token",
+                              FINANCE_TOKEN, "--from", stamp(start), "--to", stamp(end)], capture_output=True,
+                             text=True, timeout=60, env={**os.environ, "COLUMNS": "120"})
+    assert printed.returncode == 0, printed.stderr
+    for text in ("(idle)", "prem", "demo", "Workers", f"= workers' hours x rate {plain(rec['workers_cost_usd'])}",
+                 "scaling rules would have run"):
+        assert text in printed.stdout, (text, printed.stdout)
 
 
 def test_bad_parameters_are_400s(start_gateway: Callable[..., Proc], start_sim: Callable[..., Proc]) -> None:
