@@ -108,6 +108,7 @@ def pg_dsn() -> Iterator[str]:
     with psycopg.connect(dsn, autocommit=True) as db:
         db.execute("DROP TABLE IF EXISTS ledger")
         db.execute("DROP TABLE IF EXISTS worker_presence")
+        db.execute("DROP TABLE IF EXISTS ledger_closes")
     yield dsn
 
 

@@ -54,6 +54,10 @@ PRESENCE = ("CREATE TABLE IF NOT EXISTS worker_presence (id TEXT PRIMARY KEY, re
             "worker TEXT NOT NULL, pool TEXT NOT NULL, up INTEGER NOT NULL, since TEXT NOT NULL, "
             "until TEXT NOT NULL)")
 PRESENCE_INDEX = "CREATE INDEX IF NOT EXISTS worker_presence_until ON worker_presence (until)"
+# Closed months (gateway.ledger.closes): each names the close before it, once ('' for the first), so closes form
+# one chain however many replicas close at once.
+CLOSES = ("CREATE TABLE IF NOT EXISTS ledger_closes (month TEXT PRIMARY KEY, previous TEXT NOT NULL UNIQUE, "
+          "closed_at TEXT NOT NULL, closed_by TEXT NOT NULL, snapshot TEXT NOT NULL)")
 BOOLEAN = ("stream", "estimated")
 OPEN_START, OPEN_END = "0000", "9999"  # bounds that sort before and after every stored time: an open range
 GROUPS = {"tenant": "tenant", "model": "model", "tier": "tier", "class": "service_class", "key": "key_id",
@@ -80,6 +84,10 @@ class LedgerStore(Protocol):
     def extend_presence(self, spans: Sequence[dict[str, Any]]) -> None: ...
 
     def presence(self, start: str, end: str) -> list[dict[str, Any]]: ...
+
+    def add_close(self, close: dict[str, str]) -> None: ...
+
+    def closes(self) -> list[dict[str, Any]]: ...
 
     def close(self) -> None: ...
 
@@ -162,6 +170,19 @@ class _Sql(abc.ABC):
         return self._run(f"SELECT id, replica, worker, pool, up, since, until FROM worker_presence "
                          f"WHERE until > {m} AND since < {m} ORDER BY since, id", [start, end])
 
+    def add_close(self, close: dict[str, str]) -> None:
+        """Store a closed month, unless that month, or another close after the same previous one, is already
+        stored: the caller reads back which close stands."""
+        m = self.mark
+        self._write(f"INSERT INTO ledger_closes (month, previous, closed_at, closed_by, snapshot) VALUES "
+                    f"({m}, {m}, {m}, {m}, {m}) ON CONFLICT DO NOTHING",
+                    [tuple(close[k] for k in ("month", "previous", "closed_at", "closed_by", "snapshot"))])
+
+    def closes(self) -> list[dict[str, Any]]:
+        """Every closed month, snapshot included, in month order."""
+        return self._run("SELECT month, previous, closed_at, closed_by, snapshot FROM ledger_closes ORDER BY month",
+                         [])
+
 
 class SqliteLedger(_Sql):
     """``<data_dir>/ledger.sqlite3`` in WAL mode: the writer commits, report readers run beside it."""
@@ -180,6 +201,7 @@ class SqliteLedger(_Sql):
                     db.execute(f"ALTER TABLE ledger ADD COLUMN {name} {COLUMNS[name][0]}")
             db.execute(PRESENCE)
             db.execute(PRESENCE_INDEX)
+            db.execute(CLOSES)
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -241,6 +263,7 @@ class PostgresLedger(_Sql):
                     db.execute(f"ALTER TABLE ledger ADD COLUMN IF NOT EXISTS {name} {COLUMNS[name][1]}")
                 db.execute(PRESENCE)
                 db.execute(PRESENCE_INDEX)
+                db.execute(CLOSES)
             self._local.db = db
         return db
 
