@@ -1,0 +1,63 @@
+"""The GPU report's measure against a real vLLM engine's own time: the spans the ledger keeps of each request on
+its worker, summed, against the engine's own end-to-end request time; and the tenants' shares."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import DEMO_KEY, FINANCE_TOKEN, PREMIUM_KEY, Proc, metric_value, patient, policy_dict, wait_for
+
+pytestmark = pytest.mark.vllm
+MODEL = "tiny-llama"
+
+
+def test_the_ledger_spans_agree_with_the_engines_own_time(vllm_server: Any,
+                                                         start_gateway: Callable[..., Proc]) -> None:
+    gateway = start_gateway(patient(policy_dict([vllm_server.url], model=MODEL, gpu_usd_per_hour=36.0)))
+    engine_before = metric_value(vllm_server.url, "vllm:e2e_request_latency_seconds_sum")
+    start = time.time()
+
+    async def traffic() -> None:
+        async with httpx.AsyncClient(timeout=120) as client:
+            async def ask(key: str, tokens: int, i: int) -> None:
+                r = await client.post(gateway.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                                      json={"model": MODEL, "max_tokens": tokens, "ignore_eos": True,
+                                            "temperature": 0.7, "messages": [{"role": "user", "content": f"q{i}"}]})
+                assert r.status_code == 200, r.text
+
+            async def lane(key: str, tokens: int, n: int, lane: int) -> None:
+                for i in range(n):
+                    await ask(key, tokens, lane * 100 + i)
+
+            # lanes of 720 tokens each, all in the engine's batch together to the end: demo one lane of short
+            # answers, prem three of long ones (three times the decode tokens)
+            await asyncio.gather(lane(DEMO_KEY, 40, 18, 0), *(lane(PREMIUM_KEY, 120, 6, n) for n in (1, 2, 3)))
+
+    asyncio.run(traffic())
+    end = time.time()
+    engine_seconds = metric_value(vllm_server.url, "vllm:e2e_request_latency_seconds_sum") - engine_before
+    finance = {"Authorization": f"Bearer {FINANCE_TOKEN}"}
+    window = {"from": datetime.fromtimestamp(start, UTC).isoformat(),
+              "to": datetime.fromtimestamp(end, UTC).isoformat()}
+    out: dict[str, Any] = {}
+
+    def settled() -> bool:
+        nonlocal out
+        out = httpx.get(gateway.url + "/admin/reports/gpu", params=window, headers=finance, timeout=30).json()
+        return out["total"]["requests"] == 36
+
+    assert wait_for(settled, timeout=20), out
+    records = httpx.get(gateway.url + "/admin/ledger", params=window, headers=finance, timeout=30).json()["data"]
+    ledger_seconds = sum(r["worker_ms"] for r in records) / 1000
+    # the gateway's span of a request holds the engine's, plus loopback and relay: a few per cent at most
+    assert engine_seconds <= ledger_seconds <= engine_seconds * 1.1 + 0.2, (ledger_seconds, engine_seconds)
+    rows = {r["tenant"]: r for r in out["data"] if r["kind"] == "usage"}
+    assert 2.5 <= rows["prem"]["gpu_cost_usd"] / rows["demo"]["gpu_cost_usd"] <= 3.5, rows
+    assert abs(out["reconciliation"]["difference_usd"]) < 1e-9
