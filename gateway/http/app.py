@@ -25,7 +25,7 @@ from gateway.batches.store import open_batch_store
 from gateway.context import RequestContext
 from gateway.endpoints import BY_PATH, RETRIEVE, Endpoint
 from gateway.errors import ClientGone, GatewayError, InvalidRequest, NotFound
-from gateway.http import admin, batch_api, errors, gpu_reports, reports, reports_page
+from gateway.http import admin, batch_api, errors, gpu_reports, reports, reports_page, statements
 from gateway.http.asgi import AsgiSink, Receive, Scope, Send, read_body, request_headers, until_disconnect
 from gateway.http.guards import gateway_of, require_metrics_reader, tenant_of
 from gateway.http.responses import json_response
@@ -189,6 +189,7 @@ def create_app(store: PolicyStore, data_dir: Path | None = None, share: Share = 
             *admin.ROUTES,
             *reports.ROUTES,
             *gpu_reports.ROUTES,
+            *statements.ROUTES,
             *reports_page.ROUTES,
             *(batch_api.ROUTES if runner is not None else []),
         ],

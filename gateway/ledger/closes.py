@@ -169,7 +169,8 @@ def assemble(month: str, rows: list[dict[str, Any]], gpu_by_model: dict[str, Any
     by_tag = _lines(rows, gpu_by_tag, "tag")
     names = sorted({*tenants, *(line["tenant"] for line in [*by_model, *by_tag, *adjustments])})
     summary = [_summary(name, by_model, adjustments) for name in names]
-    idle = [{"worker": w["worker"], "pool": w["pool"], **{k: w[k] for k in WORKER}} for w in gpu_by_model["workers"]]
+    idle = [{"worker": w["worker"], "pool": w["pool"], **{k: w[k] for k in WORKER}} for w in gpu_by_model["workers"]
+            if w["configured_hours"] or w["cost_usd"]]  # a worker this process sees now, not one of that month
     return {"object": "statement", "version": VERSION, "month": month, "from": sortable(first),
             "to": sortable(after), "tenant": None, "tenants": summary, "by_model": by_model,
             "by_cost_centre": by_tag, "idle": idle, "adjustments": adjustments,
