@@ -28,16 +28,17 @@ def section(gpu: dict[str, Any], csv_range: str, tenant: str | None, names: Iter
             ("GPU cost: workers' hours (USD)", "gpu-total", plain(workers_cost)),
             ("Of it idle", "gpu-idle-share", f"{idle_cost / workers_cost * 100:.1f}%" if workers_cost else "-"),
             ("GPU cost per 1,000 requests", "gpu-per-1k",
-             plain(attributed * 1000 / successful) if successful else "-")))
+             plain(round(attributed * 1000 / successful, 6)) if successful else "-")))
     by_tenant = _tenants(usage, idle, tenant, names)
     link = f"/admin/reports/gpu?format=csv&{csv_range}"
-    return (f'<h2>GPU cost <a class="csv" href="{link}&group_by=tenant" data-testid="gpu-csv">CSV by tenant</a>'
+    return (f'<section data-testid="gpu-section"><h2>GPU cost '
+            f'<a class="csv" href="{link}&group_by=tenant" data-testid="gpu-csv">CSV by tenant</a>'
             f'<a class="csv" href="{link}&group_by=worker,tenant">CSV by worker</a></h2>'
             '<p class="muted">What the workers cost by the hour (pools.&lt;pool&gt;.gpu_usd_per_hour), busy or not: '
             'each moment a worker ran requests is shared among the requests running then; the time it ran '
             'nothing is its idle cost, shown apart. Tenants plus idle equal the workers\' hours at their rates.</p>'
             f'<div class="cards">{cards}</div>{by_tenant}{_tiers(usage)}{_workers(gpu["workers"])}'
-            f'{_cheapest(gpu["cheapest"])}')
+            f'{_cheapest(gpu["cheapest"])}</section>')
 
 
 def _tenants(usage: list[dict[str, Any]], idle: list[dict[str, Any]], tenant: str | None,
@@ -58,10 +59,11 @@ def _tenants(usage: list[dict[str, Any]], idle: list[dict[str, Any]], tenant: st
     for name, t in sorted(totals.items(), key=lambda kv: (-kv[1]["gpu"], kv[0])):
         if tenant is not None and name != tenant:
             continue
-        per_1k = plain(t["gpu"] * 1000 / t["successful"]) if t["successful"] else "-"
+        per_1k = plain(round(t["gpu"] * 1000 / t["successful"], 6)) if t["successful"] else "-"
         rows.append(f'<tr data-testid="gpu-tenant-row"><td>{escape(name)}</td><td>{int(t["requests"])}</td>'
-                    f'<td>{t["gpu_seconds"]:.1f}</td><td data-testid="gpu-tenant-cost">{plain(t["gpu"])}</td>'
-                    f'<td>{plain(t["list"])}</td><td>{per_1k}</td></tr>')
+                    f'<td>{t["gpu_seconds"]:.1f}</td>'
+                    f'<td data-testid="gpu-tenant-cost">{plain(round(t["gpu"], 6))}</td>'
+                    f'<td>{plain(round(t["list"], 9))}</td><td>{per_1k}</td></tr>')
     for r in idle:
         rows.append(f'<tr data-testid="gpu-idle-row" class="muted"><td>(idle) {escape(r["worker"])}</td><td>-</td>'
                     f'<td>{r["gpu_seconds"]:.1f}</td><td>{plain(r["gpu_cost_usd"])}</td><td>-</td><td>-</td></tr>')
@@ -74,11 +76,12 @@ def _tenants(usage: list[dict[str, Any]], idle: list[dict[str, Any]], tenant: st
 def _tiers(usage: list[dict[str, Any]]) -> str:
     tiers: dict[str, list[float]] = {}
     for r in usage:
-        t = tiers.setdefault(r.get("tier") or "-", [0.0, 0.0])
+        t = tiers.setdefault(r.get("tier") or "-", [0.0, 0.0])  # sums of rounded rows: rounded again below
         t[0] += r["gpu_cost_usd"]
         t[1] += r["successful_requests"]
-    rows = "".join(f'<tr data-testid="gpu-tier-row"><td>{escape(tier)}</td><td>{int(n)}</td><td>{plain(cost)}</td>'
-                   f'<td>{plain(cost * 1000 / n) if n else "-"}</td></tr>' for tier, (cost, n) in sorted(tiers.items()))
+    rows = "".join(f'<tr data-testid="gpu-tier-row"><td>{escape(tier)}</td><td>{int(n)}</td>'
+                   f'<td>{plain(round(cost, 6))}</td><td>{plain(round(cost * 1000 / n, 6)) if n else "-"}</td></tr>'
+                   for tier, (cost, n) in sorted(tiers.items()))
     return ('<h3>GPU cost per 1,000 requests by tier</h3><table><tr><th>Tier</th><th>Successful requests</th>'
             f'<th>GPU cost (USD)</th><th>Per 1,000 requests</th></tr>{rows or "<tr><td colspan=4>None.</td></tr>"}'
             '</table>')
@@ -101,19 +104,21 @@ def _cheapest(pools: list[dict[str, Any]]) -> str:
     lines = []
     for p in pools:
         slo = "met the TTFT objective" if p["meets_slo"] else "missed the TTFT objective"
+        floor = "" if p["meets_slo"] else ": a floor, as the objective was missed"
         p95 = ", ".join(f"{escape(t)} p95 {v:.0f} ms" for t, v in sorted(p["ttft_p95_ms"].items())) or "no TTFT"
         lines.append(
             f'<li data-testid="cheapest"><b>{escape(p["pool"])}</b>: ran {p["workers_ran"]:.2f} workers on average '
             f'for {plain(p["cost_ran_usd"])} USD ({slo}: {p95}); for the same traffic the scaling rules would have '
             f'run {p["workers_needed"]:.2f} for {plain(p["cost_needed_usd"])} USD '
-            f'({_saving(p["cost_ran_usd"] - p["cost_needed_usd"])}), each worker taking up to '
-            f'{p["capacity_per_worker"]} requests at once as measured.</li>')
+            f'({_saving(p["cost_ran_usd"] - p["cost_needed_usd"])}{floor}), a worker at its scale-out mark '
+            f'holding {p["capacity_per_worker"]} requests at once, the most one held.</li>')
     return ("<h3>The cheapest configuration for this traffic</h3>"
             + (f"<ul>{''.join(lines)}</ul>" if lines else '<p class="muted">No worker time in this range.</p>'))
 
 
 def _saving(amount: float) -> str:
-    if abs(amount) < 0.005:
+    amount = round(amount, 6)
+    if amount == 0:
         return "no saving"
     return f"{plain(amount)} USD less" if amount > 0 else f"{plain(-amount)} USD more: the pool was short"
 

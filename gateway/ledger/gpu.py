@@ -81,6 +81,7 @@ class WorkerHours:
     requests: int = 0  # ran here, ending in the period
     peak_running: int = 0  # the most requests seen running on it at once
     busy: list[tuple[float, float]] = field(default_factory=list)  # [start, end) while anything ran
+    configured: list[tuple[float, float]] = field(default_factory=list)  # [start, end) while it was paid for
 
     @property
     def idle_s(self) -> float:
@@ -262,7 +263,7 @@ def report(records: Iterable[Mapping[str, Any]], presence: Iterable[Mapping[str,
             hours.pool = pool_of.get(name)
         pool_rates = rates.get(hours.pool or "") or Rates([])
         _share(hours, runs.get(name, []), pool_rates)
-        configured = union([*present.get(name, []), *hours.busy])
+        configured = hours.configured = union([*present.get(name, []), *hours.busy])
         hours.configured_s = math.fsum(b - a for a, b in configured)
         hours.up_s = math.fsum(b - a for a, b in union([*up.get(name, []), *hours.busy]))
         hours.cost_usd = math.fsum(pool_rates.cost(a, b) for a, b in configured)

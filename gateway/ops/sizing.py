@@ -2,11 +2,13 @@
 a GPU report saw, and what they would have cost, beside what ran.
 
 The traffic is the pool's measured concurrency (requests running on its workers, from the ledger) in 30-second
-steps; a worker's capacity is the most requests seen running on one of the pool's workers at once (a lower
-bound: a pool never driven to its limit shows less, and the answer errs towards more workers). Each step is fed
-to the pool's own ``ScaleRules`` (gateway.ops.scaling), so the answer keeps the sources' rules, cooldown and
-scale-in quiet period included: KV usage is read as the share of the workers' slots in use and the queue as the
-requests beyond them. What ran meets the SLO when each tier's TTFT p95 on the pool is within its objective.
+steps. The most requests seen running on one of the pool's workers at once is taken as a worker at the
+scale-out mark (``kv_out``, 80%): the ledger shows what the workers held, not how much more they could have
+(reading that peak as full would call every pool short at its own peak). Each step is fed to the pool's own
+``ScaleRules`` (gateway.ops.scaling), so the answer keeps the sources' rules, cooldown and scale-in quiet period
+included: KV usage is read as the share of the workers' slots in use and the queue as the requests beyond them.
+What ran meets the SLO when each tier's TTFT p95 on the pool is within its objective; when it missed, the count
+is a floor (the ledger cannot say how many more would have met it), and the page says so.
 """
 
 from __future__ import annotations
@@ -44,27 +46,34 @@ class Sizing:
 
 
 def cheapest(report: GpuReport, policy: Policy) -> list[Sizing]:
+    """Per pool, over the part of the period its workers were paid for (a pool set up mid-month is sized for
+    the days it ran, not the whole month)."""
     out = []
-    span = report.end - report.start
     for name, spec in policy.pools.items():
-        workers = [w for w in report.workers.values() if w.pool == name]
-        if not workers or span <= 0:
+        workers = [w for w in report.workers.values() if w.pool == name and w.configured]
+        if not workers:
+            continue
+        start = min(w.configured[0][0] for w in workers)
+        end = max(w.configured[-1][1] for w in workers)
+        if end <= start:
             continue
         rates = report.rates.get(name) or Rates([])
         capacity = max(1, *(w.peak_running for w in workers))
-        steps = _peaks([r for w in workers for r in report.runs.get(w.worker, [])], report.start, report.end)
+        slots_per_worker = capacity / spec.autoscaling.kv_out
+        steps = _peaks([r for w in workers for r in report.runs.get(w.worker, [])], start, end)
         rules = ScaleRules(spec.autoscaling)
         needed_s = cost = 0.0
         for i, peak in enumerate(steps):
-            now = report.start + i * STEP_S
+            now = start + i * STEP_S
             current = rules.desired if rules.desired is not None else max(spec.autoscaling.min_workers, 1)
-            slots = max(current, 1) * capacity
+            slots = max(current, 1) * slots_per_worker
             decision = rules.decide(now, Signals(current, min(1.0, peak / slots), max(0.0, peak - slots), None, 0))
-            length = min(STEP_S, report.end - now)
+            length = min(STEP_S, end - now)
             needed_s += decision.desired * length
             cost += decision.desired * rates.cost(now, now + length)
         p95 = {tier: _p95(v) for (pool, tier), v in report.ttft_ms.items() if pool == name and v}
         meets = all(v <= policy.tiers[t].slo.ttft_p95_ms for t, v in p95.items() if t in policy.tiers)
+        span = end - start
         out.append(Sizing(name, capacity, max(steps, default=0), math.fsum(w.configured_s for w in workers) / span,
                           math.fsum(w.cost_usd for w in workers), needed_s / span, cost, p95, meets))
     return out

@@ -23,9 +23,9 @@ CHROMIUM = "/usr/bin/chromium"
 EXPONENT = re.compile(r"(?<![\w.-])[-+]?\d+(?:\.\d+)?[eE][-+]?\d+(?![\w.])")  # 1e-05, 2.4E+3 as a whole word
 
 
-def screenshot_to(tmp_path: Path) -> Path:
+def screenshot_to(tmp_path: Path, name: str = "finance-page.png") -> Path:
     """Where the screenshot goes: TOLLGATE_SCREENSHOT_DIR if set (to refresh the README's), else the test's tmp."""
-    return Path(os.environ.get("TOLLGATE_SCREENSHOT_DIR", tmp_path)) / "finance-page.png"
+    return Path(os.environ.get("TOLLGATE_SCREENSHOT_DIR", tmp_path)) / name
 
 
 def test_finance_page_shows_what_the_api_reports(start_gateway: Callable[..., Proc],
@@ -158,6 +158,8 @@ def test_finance_page_shows_what_the_api_reports(start_gateway: Callable[..., Pr
         name, rows = download("gpu-csv")
         assert name == f"gpu_{first}_{last}_by-tenant.csv" and {r["kind"] for r in rows} == {"usage", "idle"}
         plain_page()
+        page.locator("[data-testid=gpu-section]").screenshot(path=str(screenshot_to(tmp_path, "finance-gpu.png")))
+        assert screenshot_to(tmp_path, "finance-gpu.png").stat().st_size > 10_000
         page.screenshot(path=str(screenshot_to(tmp_path)), full_page=True)
         # a calendar month: this one holds every request; the one before holds none
         this_month = page.locator("[data-testid=month] option").first.get_attribute("value")
