@@ -263,10 +263,10 @@ def to_xlsx(out: dict[str, Any]) -> bytes:
     book.properties.title = f"Tollgate statement {out['month']}"
     book.properties.subject = status_line(out)
     _sheet(book, "Summary by tenant", SUMMARY, [*out["tenants"], {"tenant": "Total", **out["total"]}])
-    _sheet(book, "By model", BY_MODEL, [*out["by_model"], _sum_row(out["by_model"], "tenant", "Total")])
-    _sheet(book, "By cost centre", BY_TAG, [*out["by_cost_centre"], _sum_row(out["by_cost_centre"], "tenant",
-                                                                              "Total")])
-    _sheet(book, "GPU idle by worker", IDLE, [*out["idle"], _sum_row(out["idle"], "worker", "Total")])
+    for title, columns, rows, label in (("By model", BY_MODEL, out["by_model"], "tenant"),
+                                        ("By cost centre", BY_TAG, out["by_cost_centre"], "tenant"),
+                                        ("GPU idle by worker", IDLE, out["idle"], "worker")):
+        _sheet(book, title, columns, [*rows, _sum_row(rows, label, "Total")] if rows else [], total=bool(rows))
     _sheet(book, "Adjustments", ADJUSTMENTS, out["adjustments"], total=False)
     rec = out["reconciliation"]
     _sheet(book, "Statement", [("item", "Item", "text"), ("value", "Value", "usd")], [
@@ -361,7 +361,7 @@ def _table(columns: list[Column], rows: list[dict[str, Any]], test_id: str, tota
                              for field, _, kind in columns) + "</tr>" for row in rows)
     if not rows:
         body = f'<tr><td colspan="{len(columns)}" class="muted">{escape(empty)}</td></tr>'
-    if total is not None:
+    if total is not None and rows:
         body += ('<tr class="total" data-testid="' + test_id + '-total">'
                  + "".join(f'<td class="{kind}">{_shown(field, kind, total.get(field))}</td>'
                            for field, _, kind in columns) + "</tr>")
@@ -409,7 +409,8 @@ def _tenant_section(out: dict[str, Any], summary: dict[str, Any]) -> str:
     name = summary["tenant"]
     mine = closes.for_tenant(out, name)
     return (f'<section class="tenant" data-testid="tenant-section"><h2>Tenant {escape(name)} · {escape(out["month"])}'
-            '</h2>' + _table(SUMMARY, [summary], "tenant-summary")
+            f'</h2><p class="muted">{out["from"][:10]} to {_last_day(out["to"])} (UTC). {escape(status_line(out))}</p>'
+            + _table(SUMMARY, [summary], "tenant-summary")
             + "<h3>By model</h3>" + _table(BY_MODEL[1:], mine["by_model"], "tenant-model", empty="No requests.")
             + "<h3>By cost centre</h3>" + _table(BY_TAG[1:], mine["by_cost_centre"], "tenant-tag",
                                                  empty="No requests.")
