@@ -2,7 +2,7 @@
 a CSV pandas reads as typed numbers, a workbook openpyxl and pandas read (a sheet per view and per tenant,
 numbers as numbers, totals as the JSON), the printable page in Chromium printed to PDF (each tenant on its own
 page); and a past month closed, which a record arriving after the close does not change, the next month carrying
-that record as an adjustment."""
+that record as an adjustment; replicas on one PostgreSQL ledger share the closed months."""
 
 from __future__ import annotations
 
@@ -19,9 +19,18 @@ import pandas as pd
 import pytest
 from playwright.sync_api import sync_playwright
 
-from gateway.ledger.stores import COLUMNS, SqliteLedger
+from gateway.ledger.stores import COLUMNS, PostgresLedger, SqliteLedger
 from gateway.ledger.times import at
-from tests.conftest import ADMIN_TOKEN, DEMO_KEY, FINANCE_TOKEN, PREMIUM_KEY, Proc, policy_dict, wait_for
+from tests.conftest import (
+    ADMIN_TOKEN,
+    DEMO_KEY,
+    FINANCE_TOKEN,
+    PREMIUM_KEY,
+    Proc,
+    on_shared_state,
+    policy_dict,
+    wait_for,
+)
 
 MODEL = "sim-llama-8b"
 CHROMIUM = "/usr/bin/chromium"
@@ -177,5 +186,29 @@ def test_a_closed_month_stays_as_closed_and_the_next_carries_what_came_late(star
         assert [c["month"] for c in listed] == [last_month]
         page = statement(gateway, last_month, format="html").text
         assert "Closed " in page and "no longer changes" in page
+    finally:
+        ledger.close()
+
+
+def test_replicas_on_one_postgres_ledger_share_the_closed_months(start_gateway: Callable[..., Proc],
+                                                                 start_sim: Callable[..., Proc], pg_dsn: str) -> None:
+    sim = start_sim("--decode-base-ms", "2")
+    policy = on_shared_state(policy_dict([sim.url], gpu_usd_per_hour=RATE), pg_dsn)
+    replicas = [start_gateway(policy), start_gateway(policy)]
+    past = datetime.now(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0) - timedelta(days=10)
+    last_month, this_month = month_of(past), month_of(datetime.now(UTC))
+    ledger = PostgresLedger(pg_dsn)
+    try:
+        ledger.insert([record(1, "prem", past, sim.url, 0.04)])
+        closed = httpx.post(replicas[0].url + "/admin/statements/close", params={"month": last_month},
+                            headers=ADMIN, timeout=60)
+        assert closed.status_code == 200, closed.text
+        again = httpx.post(replicas[1].url + "/admin/statements/close", params={"month": last_month},
+                           headers=ADMIN, timeout=60)
+        assert again.status_code == 409 and again.json()["error"]["code"] == "month_closed", "closed for every replica"
+        ledger.insert([record(2, "prem", past + timedelta(minutes=5), sim.url, 0.5)])
+        assert statement(replicas[1], last_month).json() == closed.json()
+        carried = statement(replicas[1], this_month).json()["adjustments"]
+        assert [(a["tenant"], a["requests"], a["cost_usd"]) for a in carried] == [("prem", 1, 0.5)]
     finally:
         ledger.close()
