@@ -248,14 +248,20 @@ def plain(value: float | int | Decimal) -> str:
     return f"{whole}.{places.ljust(2, '0')}"
 
 
+FORMULA = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet may read as the start of a formula
+
+
 def cell(value: Any) -> Any:
-    """A CSV cell: plain decimals, lowercase booleans, and nothing for an absent value."""
+    """A CSV cell: plain decimals, lowercase booleans, nothing for an absent value, and text a spreadsheet reads
+    as text (a leading ' before what it would take for a formula: a tenant named "=HYPERLINK(...)")."""
     if value is None:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float | Decimal):
         return plain(value)
+    if isinstance(value, str) and value.startswith(FORMULA):
+        return "'" + value
     return value
 
 

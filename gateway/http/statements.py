@@ -41,6 +41,7 @@ from gateway.auth import is_admin
 from gateway.errors import Conflict, InvalidRequest, NotPermitted
 from gateway.http.guards import authorization, gateway_of, require_reader
 from gateway.http.reports import (
+    FORMULA,
     attachment,
     cell,
     download_name,
@@ -57,7 +58,6 @@ from gateway.runtime import Gateway
 
 FORMATS = ("json", "html", "csv", "xlsx")
 XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
-FORMULA = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet may read as the start of a formula
 ABSENT = {"model": "(refused before a model)", "tag": "(untagged)"}
 # a column: (field, heading, kind); kind is text, count, usd or hours
 Column = tuple[str, str, str]
@@ -196,12 +196,6 @@ def parse_statement(request: Request, now: float) -> tuple[str, str]:
 
 # -- CSV ------------------------------------------------------------------------------------------------------
 
-def safe(value: Any) -> Any:
-    """A CSV cell a spreadsheet reads as text, never as a formula."""
-    value = cell(value)
-    return "'" + value if isinstance(value, str) and value.startswith(FORMULA) else value
-
-
 def csv_rows(out: dict[str, Any]) -> Iterable[dict[str, Any]]:
     month = out["month"]
     for r in out["tenants"]:
@@ -225,7 +219,7 @@ def to_csv(out: dict[str, Any]) -> str:
     text = io.StringIO()
     writer = csv.DictWriter(text, CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
-    writer.writerows({k: safe(v) for k, v in row.items()} for row in csv_rows(out))
+    writer.writerows({k: cell(v) for k, v in row.items()} for row in csv_rows(out))
     return text.getvalue()
 
 

@@ -66,6 +66,11 @@ def test_a_csv_cell_is_empty_for_nothing_and_plain_for_a_number() -> None:
                                                                           "key-1"]
 
 
+def test_a_csv_cell_never_starts_a_formula_but_a_negative_amount_stays_a_number() -> None:
+    assert [cell(v) for v in ("=HYPERLINK(\"x\")", "+1", "-rm", "@SUM(A1)", "\tx", -0.5)] == [
+        "'=HYPERLINK(\"x\")", "'+1", "'-rm", "'@SUM(A1)", "'\tx", "-0.50"]
+
+
 # -- parameters ----------------------------------------------------------------------------------------------
 
 def test_a_month_is_its_first_moment_to_the_next_months() -> None:

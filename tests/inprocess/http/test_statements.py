@@ -18,7 +18,8 @@ import openpyxl
 import pytest
 
 from gateway.http.app import HotPaths, create_app
-from gateway.http.statements import safe, sheet_names
+from gateway.http.reports import cell
+from gateway.http.statements import sheet_names
 from gateway.ledger.stores import COLUMNS
 from gateway.policy.loader import PolicySnapshot, PolicyStore
 from gateway.policy.schema import Policy
@@ -164,7 +165,7 @@ def test_sheet_names_keep_excels_rules() -> None:
 
 
 def test_a_csv_cell_that_would_be_a_formula_is_text() -> None:
-    assert [safe(v) for v in ("=1+2", "+1", "-x", "@SUM(A1)", "\tx", "plain", 1.5e-05, None, -3)] == [
+    assert [cell(v) for v in ("=1+2", "+1", "-x", "@SUM(A1)", "\tx", "plain", 1.5e-05, None, -3)] == [
         "'=1+2", "'+1", "'-x", "'@SUM(A1)", "'\tx", "plain", "0.000015", "", -3]
 
 
