@@ -318,6 +318,7 @@ def _dashboard(data: dict[str, Any], shown: Range, alerts: list[dict[str, Any]])
 <p class="muted" data-testid="range">{escape(shown.describe())}.
 <a href="/admin/reports/costs?format=csv&group_by=day,tenant,model&{shown.csv}">Download CSV by day,
 tenant and model</a> · <a href="/admin/ledger?format=csv&{shown.csv}">Download every record (CSV)</a></p>
+{_statements(shown, data["tenant"])}
 {_controls(shown, data["tenant"])}
 <form method="post" action="/reports/logout"><button>Sign out</button></form>
 <div class="cards">{cards}</div>
@@ -334,6 +335,18 @@ tenant and model</a> · <a href="/admin/ledger?format=csv&{shown.csv}">Download 
 <table><tr><th>Time</th><th>Kind</th><th>Action</th><th>Tenant</th><th>USD</th></tr>
 {anomaly_rows or '<tr><td colspan="5">None.</td></tr>'}</table>"""
     return _html("Tollgate costs", body)
+
+
+def _statements(shown: Range, tenant: str | None) -> str:
+    """Links to the month's statements (this month's when a month is shown, else last month's): the printable
+    page, its CSV and the workbook; a closed month's never change (POST /admin/statements/close, admin)."""
+    month = shown.month or _next_month(datetime.now(UTC).replace(day=1, hour=0, minute=0, second=0,
+                                                                 microsecond=0), -1).strftime("%Y-%m")
+    query = f"month={month}" + (f"&tenant={urllib.parse.quote(tenant)}" if tenant else "")
+    links = " · ".join(f'<a href="/admin/statements?{escape(query)}&format={fmt}" data-testid="statement-{fmt}">'
+                       f'{label}</a>' for fmt, label in (("html", "printable"), ("csv", "CSV"), ("xlsx", "Excel")))
+    whose = f"tenant {escape(tenant)}" if tenant else "every tenant"
+    return f'<p class="muted" data-testid="statements">Statements for {month}, {whose}: {links}</p>'
 
 
 def _refused(problems: list[str], shown: Range, tenant: str | None) -> str:

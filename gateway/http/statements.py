@@ -167,7 +167,7 @@ def gpu_of(gw: Gateway) -> closes.GpuReport:
     assert gw.ledger is not None
     store, policy = gw.ledger.store, gw.store.current.policy
     live = gw.presence.live(time.time()) if gw.presence is not None else []
-    return lambda start, end, group_by: gpu_costs.gather(store, policy, start, end, group_by, live)
+    return lambda start, end, group_by: gpu_costs.gather(store, policy, start, end, group_by, live, False)
 
 
 def parse_month_param(request: Request) -> str:

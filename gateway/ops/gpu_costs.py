@@ -27,16 +27,17 @@ REFRESH_S = 60.0
 
 
 def gather(store: LedgerStore, policy: Policy, start: float, end: float, group_by: list[str],
-           live: list[dict[str, Any]]) -> dict[str, Any]:
+           live: list[dict[str, Any]], sizing_too: bool = True) -> dict[str, Any]:
     """The report (blocking: on a thread). Records that end up to the longest answer deadline after ``end`` may
     have run inside the period: they are read too, and only their part inside counts. ``live``: this process's
-    open presence spans as they stand, in place of their last written beat."""
+    open presence spans as they stand, in place of their last written beat. ``sizing_too``: with the cheapest
+    configuration (a replay of the period in 30 s steps: most of a month's report when the records are few)."""
     late = max((p.answer_deadline_s for p in policy.pools.values()), default=900.0)
     records = (r for page in iter_all(store, at(start), at(end + late), None) for r in page)
     spans = {s["id"]: s for s in store.presence(at(start), at(end))} | {s["id"]: s for s in live}
     report = gpu.report(records, spans.values(), policy.pools, start, end, group_by)
     out = report.public()
-    out["cheapest"] = [s.public() for s in sizing.cheapest(report, policy)]
+    out["cheapest"] = [s.public() for s in sizing.cheapest(report, policy)] if sizing_too else []
     return out
 
 
@@ -63,7 +64,7 @@ async def keep_gauges(metrics: GatewayMetrics, store: LedgerStore, policy: Calla
         now = time.time()
         try:
             publish(metrics, await asyncio.to_thread(gather, store, policy(), now - WINDOW_S, now, ["tier"],
-                                                     live(now)))
+                                                     live(now), False))
         except Exception as exc:  # the store is down: the gauges keep their last values
             log.warning("GPU gauges not refreshed: %s", exc)
         await asyncio.sleep(REFRESH_S)

@@ -157,6 +157,9 @@ def test_finance_page_shows_what_the_api_reports(start_gateway: Callable[..., Pr
         assert shown("gpu-idle-share").endswith("%")
         name, rows = download("gpu-csv")
         assert name == f"gpu_{first}_{last}_by-tenant.csv" and {r["kind"] for r in rows} == {"usage", "idle"}
+        xlsx = page.request.get(gateway.url + str(page.get_attribute("[data-testid=statement-xlsx]", "href")))
+        assert xlsx.status == 200 and xlsx.body()[:2] == b"PK"  # a workbook (a zip), with the page's sign-in
+        assert "statement_" in xlsx.headers["content-disposition"]
         plain_page()
         page.locator("[data-testid=gpu-section]").screenshot(path=str(screenshot_to(tmp_path, "finance-gpu.png")))
         assert screenshot_to(tmp_path, "finance-gpu.png").stat().st_size > 10_000
