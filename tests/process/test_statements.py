@@ -7,6 +7,7 @@ that record as an adjustment; replicas on one PostgreSQL ledger share the closed
 from __future__ import annotations
 
 import io
+import os
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -132,6 +133,10 @@ def test_a_months_statement_as_json_csv_workbook_and_printed_page(start_gateway:
                                                                                               abs=1e-9)
         assert EXPONENT.findall(page.inner_text("body")) == []
         assert "Open:" in page.inner_text("[data-testid=status]")
+        shot = Path(os.environ.get("TOLLGATE_SCREENSHOT_DIR", tmp_path)) / "statement.png"
+        page.set_viewport_size({"width": 1000, "height": 900})
+        page.screenshot(path=str(shot))  # the README's, when TOLLGATE_SCREENSHOT_DIR says where
+        assert shot.stat().st_size > 10_000
         page.emulate_media(media="print")
         assert not page.locator("a:text('Excel workbook')").is_visible(), "the links are not printed"
         pdf = page.pdf(format="A4", landscape=True, print_background=True)
