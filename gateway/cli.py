@@ -21,6 +21,10 @@ from gateway.state.replicas import ALONE, Share
 
 DEFAULT_POLICY = "policies/default.yaml"
 DEMO_KEY = "tg-demo-key-change-me"
+# The default policy's demo tokens (its comments name them): the banner shows those the policy in use still holds.
+DEMO_TOKENS = (("standard tenant key", DEMO_KEY), ("premium tenant key", "tg-demo-premium-change-me"),
+               ("batch tenant key", "tg-demo-batch-change-me"), ("admin token", "tg-admin-demo-change-me"),
+               ("finance token", "tg-finance-demo-change-me"))
 DEFAULT_DATA_DIR = ".tollgate"
 
 
@@ -123,9 +127,44 @@ def local_workers(policy_path: Path) -> list[tuple[int, list[tuple[str, str]]]]:
     return sorted(by_port.items())
 
 
+def demo_policy(asked: str, data_dir: Path) -> Path:
+    """The policy `tollgate up` serves: one given by name as it is; the default as a copy in the data directory,
+    made once (so PUT /admin/policy and an admin's edits change the copy, never the tracked file, and outlive a
+    restart; delete it to start afresh)."""
+    policy = _policy_path(asked)
+    if asked != DEFAULT_POLICY:
+        return policy
+    copy = data_dir / "policy.yaml"
+    if not copy.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(policy.read_bytes())
+    return copy
+
+
+def demo_banner(url: str, workers: int, policy: Path) -> str:
+    """What a newcomer needs: the endpoint, every demo token the policy still holds, the finance page."""
+    from gateway.auth import hash_key
+    from gateway.policy.loader import load_file
+
+    p = load_file(policy).policy
+    held = {*(k for t in p.tenants.values() for k in t.keys), p.server.admin_token_sha256,
+            p.server.finance_token_sha256}
+    tokens = [f"  {label}: {token}" for label, token in DEMO_TOKENS if "sha256:" + hash_key(token) in held]
+    key = DEMO_KEY if "sha256:" + hash_key(DEMO_KEY) in held else "<a tenant key>"
+    lines = [f"Tollgate is up at {url}/v1 with {workers} simulated worker(s); policy {policy}"]
+    if tokens:
+        lines += ["Demo tokens (change them before anything real):", *tokens]
+    lines += [f"Finance page: {url}/reports (sign in with the finance or admin token)",
+              f"Try: curl {url}/v1/chat/completions -H 'Authorization: Bearer {key}' "
+              "-H 'Content-Type: application/json' "
+              "-d '{\"model\":\"sim-llama-8b\",\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}'",
+              "Ctrl-C stops the gateway and its workers."]
+    return "\n".join(lines)
+
+
 def cmd_up(args: argparse.Namespace) -> None:
     """Simulated workers for every local worker URL in the policy, then the gateway; Ctrl-C stops all."""
-    policy = _policy_path(args.policy)
+    policy = demo_policy(args.policy, Path(args.data_dir))
     try:
         workers = local_workers(policy)
     except Exception as exc:  # a bad policy: say so plainly
@@ -160,13 +199,7 @@ def cmd_up(args: argparse.Namespace) -> None:
                 if time.monotonic() > deadline:
                     sys.exit(f"tollgate: the simulated worker on port {port} did not start")
                 time.sleep(0.1)
-        url = f"http://{args.host}:{args.port}"
-        banner = (f"Tollgate is up at {url}/v1 with {len(workers)} simulated worker(s); policy {policy}\n"
-                  f"Demo API key: {DEMO_KEY}\n"
-                  f"Try: curl {url}/v1/chat/completions -H 'Authorization: Bearer {DEMO_KEY}' "
-                  f"-H 'Content-Type: application/json' "
-                  f"-d '{{\"model\":\"sim-llama-8b\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hi\"}}]}}'\n"
-                  f"Ctrl-C stops the gateway and its workers.")
+        banner = demo_banner(f"http://{args.host}:{args.port}", len(workers), policy)
         _serve(policy, args.host, args.port, Path(args.data_dir), banner)
     finally:
         for child in children:

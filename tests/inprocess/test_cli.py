@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gateway import cli
-from tests.conftest import policy_dict
+from tests.conftest import ROOT, policy_dict
 
 
 def written(tmp_path: Path, policy: dict[str, Any]) -> Path:
@@ -83,3 +83,31 @@ def test_the_default_policy_is_found_from_any_directory(tmp_path: Path, monkeypa
     found = cli._policy_path(cli.DEFAULT_POLICY)
     assert found.is_absolute() and found.exists() and found.name == "default.yaml"
     assert cli._policy_path("elsewhere.yaml") == Path("elsewhere.yaml"), "only the default is looked up"
+
+
+def test_up_serves_a_copy_of_the_default_policy_never_the_tracked_file(tmp_path: Path) -> None:
+    from gateway.cli import DEFAULT_POLICY, demo_banner, demo_policy
+
+    tracked = ROOT / DEFAULT_POLICY
+    copy = demo_policy(DEFAULT_POLICY, tmp_path / "data")
+    assert copy == tmp_path / "data" / "policy.yaml" and copy.read_bytes() == tracked.read_bytes()
+    copy.write_text(copy.read_text().replace("tg-admin-demo", "edited"))  # an admin's change is kept ...
+    assert demo_policy(DEFAULT_POLICY, tmp_path / "data").read_text() == copy.read_text()  # ... across restarts
+    own = tmp_path / "mine.yaml"
+    own.write_bytes(tracked.read_bytes())
+    assert demo_policy(str(own), tmp_path / "data") == own  # a policy named is served as it is
+    banner = demo_banner("http://127.0.0.1:8080", 3, own)
+    for token in ("tg-demo-key-change-me", "tg-admin-demo-change-me", "tg-finance-demo-change-me",
+                  "http://127.0.0.1:8080/reports"):
+        assert token in banner
+
+
+def test_the_banner_names_no_token_the_policy_no_longer_holds(tmp_path: Path) -> None:
+    from gateway.cli import DEFAULT_POLICY, demo_banner
+
+    policy = yaml.safe_load((ROOT / DEFAULT_POLICY).read_text())
+    policy["server"]["admin_token_sha256"] = "sha256:" + "0" * 64
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    banner = demo_banner("http://h:1", 1, path)
+    assert "tg-admin-demo-change-me" not in banner and "tg-finance-demo-change-me" in banner

@@ -41,6 +41,8 @@ def test_up_serves_the_demo_key_and_stops_its_workers(tmp_path: Path) -> None:
         assert wait_for(lambda: _ready(url), timeout=90), (tmp_path / "up.log").read_text()
         banner = (tmp_path / "up.log").read_text()
         assert f"{url}/v1" in banner and "tg-demo-key-change-me" in banner
+        for token in ("tg-admin-demo-change-me", FINANCE, "tg-demo-premium-change-me", f"{url}/reports"):
+            assert token in banner, (token, banner)
         workers = set().union(*(_pids_of(f"workers.sim --port {p}") for p in ports))
         assert len(workers) == 3
         client = openai.OpenAI(base_url=url + "/v1", api_key="tg-demo-key-change-me", max_retries=0)
