@@ -84,6 +84,7 @@ class RequestContext:
     model: str | None = None  # openai_api.prepare: only a model the policy routes
     stream: bool = False  # openai_api.prepare
     batch: str | None = None  # batches.runner: the batch this request is a line of
+    probe: bool = False  # http.app (auth): an operator's probe (tollgate diagnose), out of the cost-anomaly rule
     tags: str | None = None  # openai_api.prepare: cost centres from metadata, user and X-Tollgate-Tags (gateway.tags)
     # pipeline.run: the tenant's tier, or a lower class the request asked for; then what spend.admit returns
     # (batch, for the cost-anomaly action "downgrade"), before the scheduler reads it

@@ -11,13 +11,20 @@ the time goes and the fix the sources give for it:
 - the worker's engine: its own queue time and idle gaps (running 0 while requests wait);
 - the gateway's event-loop lag (CPU starvation coalesces tokens and adds TTFT).
 
-It is a client of the gateway (HTTP only), so it works against any deployment the caller can reach.
+It is a client of the gateway (HTTP only), so it works against any deployment the caller can reach. Its
+requests measure the path, not the cache: each asks ``Cache-Control: no-cache, no-store`` and carries a prompt
+of its own (a fixed prompt at temperature 0 is answered from the gateway's cache from the second probe on, and
+a long prompt sent twice is a prefix-cache hit in the engine). They carry ``X-Tollgate-Tags: source=diagnose``,
+so reports show them apart (``group_by=tag``), and, given the metrics or admin token, ``X-Tollgate-Probe`` with
+it, so the gateway keeps them out of the tenant's cost-anomaly rule. What it cannot measure it says.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -28,6 +35,21 @@ from prometheus_client.parser import text_string_to_metric_families
 
 SHORT = "Name three colours."
 LONG = "Summarise the following notes. " + "The quarterly report covers revenue, costs and hiring plans. " * 120
+_count = itertools.count()
+
+
+def fresh(prompt: str) -> str:
+    """The prompt, made its own: a marker at its start (so not even a prefix of it is cached in the engine)."""
+    return f"[probe {os.getpid():x}-{time.time_ns():x}-{next(_count)}] {prompt}"
+
+
+def probe_headers(key: str | None, probe_token: str | None) -> dict[str, str]:
+    headers = {"Cache-Control": "no-cache, no-store", "X-Tollgate-Tags": "source=diagnose"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    if probe_token:
+        headers["X-Tollgate-Probe"] = probe_token
+    return headers
 
 
 @dataclass
@@ -69,13 +91,13 @@ class Report:
 
 
 async def stream(client: httpx.AsyncClient, base: str, key: str | None, model: str, prompt: str,
-                 max_tokens: int) -> Probe:
-    """One streamed chat request; when each content event arrived."""
+                 max_tokens: int, probe_token: str | None = None) -> Probe:
+    """One streamed chat request, its prompt made its own; when each content event arrived."""
     probe = Probe()
     started = time.perf_counter()
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    headers = probe_headers(key, probe_token)
     body = {"model": model, "stream": True, "max_tokens": max_tokens, "temperature": 0,
-            "messages": [{"role": "user", "content": prompt}]}
+            "messages": [{"role": "user", "content": fresh(prompt)}]}
     async with client.stream("POST", base.rstrip("/") + "/v1/chat/completions", json=body, headers=headers) as r:
         probe.status = r.status_code
         async for line in r.aiter_lines():
@@ -121,7 +143,7 @@ async def run(url: str, key: str | None, model: str, direct: str | None = None, 
         before = await fetch_metrics(client, url, metrics_token)
         worker_before = await fetch_metrics(client, direct, None) if direct else None
 
-        via = [await stream(client, url, key, model, SHORT, tokens) for _ in range(samples)]
+        via = [await stream(client, url, key, model, SHORT, tokens, metrics_token) for _ in range(samples)]
         bad = [p.status for p in via if p.status != 200]
         if bad:
             return Report([Finding("requests fail", True, f"HTTP {bad[0]} from {url}",
@@ -130,6 +152,9 @@ async def run(url: str, key: str | None, model: str, direct: str | None = None, 
         sequential = await fetch_metrics(client, url, metrics_token)  # keep-alive is judged on one-at-a-time requests
 
         # 1. the proxy's own cost
+        if not direct:
+            findings.append(Finding("proxy overhead", False, "not measured: give --direct WORKER_URL to compare "
+                                    "TTFT through the gateway with TTFT straight to a worker"))
         if direct:
             straight = [await stream(client, direct, None, model, SHORT, tokens) for _ in range(samples)]
             direct_ttft = median([p.ttft for p in straight if p.ttft is not None])
@@ -152,10 +177,10 @@ async def run(url: str, key: str | None, model: str, direct: str | None = None, 
             "no gzip on text/event-stream"))
 
         # 3. short prompts behind long ones
-        alone = [await stream(client, url, key, model, SHORT, 8) for _ in range(3)]
-        longs = [asyncio.create_task(stream(client, url, key, model, LONG, 16)) for _ in range(4)]
+        alone = [await stream(client, url, key, model, SHORT, 8, metrics_token) for _ in range(3)]
+        longs = [asyncio.create_task(stream(client, url, key, model, LONG, 16, metrics_token)) for _ in range(4)]
         await asyncio.sleep(0.05)
-        beside = await asyncio.gather(*(stream(client, url, key, model, SHORT, 8) for _ in range(3)))
+        beside = await asyncio.gather(*(stream(client, url, key, model, SHORT, 8, metrics_token) for _ in range(3)))
         worker_during = await fetch_metrics(client, direct, None) if direct else None
         await asyncio.gather(*longs)
         alone_ttft = median([p.ttft for p in alone if p.ttft is not None])
@@ -181,6 +206,14 @@ async def run(url: str, key: str | None, model: str, direct: str | None = None, 
             findings += _gateway_findings(before, after)
         else:
             findings.append(Finding("gateway metrics", False, "not readable (give --metrics-token if it is set)"))
+        if not direct:
+            findings.append(Finding("worker engine", False, "not measured: give --direct WORKER_URL to read the "
+                                    "worker's own queue and idle gaps"))
+        elif worker_before is None:
+            findings.append(Finding("worker engine", False, f"not measured: {direct}/metrics did not answer"))
+        if not metrics_token:
+            findings.append(Finding("cost anomalies", False, "these requests were not marked as probes (give "
+                                    "--metrics-token): the tenant's cost-anomaly rule counted them"))
         if worker_before is not None:
             worker_after = await fetch_metrics(client, direct, None) if direct else None
             if worker_after is not None:

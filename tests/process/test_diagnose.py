@@ -112,3 +112,34 @@ def test_the_command_prints_the_report_and_exits_1_on_a_problem(
                            DEMO_KEY, "--model", MODEL], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 1, done.stderr
     assert done.stdout.startswith("Where the time goes: buffering")
+
+
+def test_with_the_cache_on_it_measures_the_worker_not_the_cache(start_gateway: Callable[..., Proc],
+                                                               start_sim: Callable[..., Proc]) -> None:
+    """Every probe is a fresh question asked past the cache, marked so the tenant's anomaly rule ignores it and
+    reports show it apart; what it could not measure is said."""
+    import httpx
+
+    from gateway.auth import hash_key
+    from tests.conftest import FINANCE_TOKEN, ledger_records
+
+    sim = start_sim("--decode-base-ms", "4")
+    policy = policy_dict([sim.url])
+    policy["server"]["metrics_token_sha256"] = "sha256:" + hash_key("tg-test-metrics")
+    policy["cache"] = {"enabled": True, "semantic_languages": [], "default_temperature": 0.0,
+                       "audit": {"enabled": False}}
+    policy["tiers"]["standard"]["anomaly"] = {"k": 2.0, "action": "alert"}  # a long prompt is an anomaly here
+    gateway = start_gateway(policy)
+    report = asyncio.run(diagnose.run(gateway.url, DEMO_KEY, MODEL, None, "tg-test-metrics"))
+    assert report.findings, report.text()
+    records = ledger_records(gateway.url, FINANCE_TOKEN, count=16)  # 6 + 3 alone + 4 long + 3 beside them
+    assert len(records) == 16
+    assert {r["cache"] for r in records} <= {"bypass", None}, {r["cache"] for r in records}
+    assert {r["tags"] for r in records} == {"source=diagnose"}
+    alerts = httpx.get(gateway.url + "/admin/anomalies", headers={"Authorization": "Bearer tg-test-admin-token"})
+    assert alerts.status_code == 200 and alerts.json()["data"] == [], alerts.text
+    said = {f.check: f.detail for f in report.findings}
+    assert said["proxy overhead"].startswith("not measured") and said["worker engine"].startswith("not measured")
+    # without the operator's token its requests are the tenant's: the report says so
+    plain = asyncio.run(diagnose.run(gateway.url, DEMO_KEY, MODEL, None, None))
+    assert any(f.check == "cost anomalies" for f in plain.findings)
