@@ -15,7 +15,8 @@ GATEWAY = ROOT / "gateway"
 
 # RequestContext field -> the one module that writes it (after construction)
 CONTEXT_WRITERS = {
-    "tenant": "gateway/http/app.py", "key_id": "gateway/http/app.py", "status": "gateway/pipeline.py",
+    "tenant": "gateway/http/app.py", "key_id": "gateway/http/app.py", "probe": "gateway/http/app.py",
+    "status": "gateway/pipeline.py",
     "model": "gateway/openai_api.py", "stream": "gateway/openai_api.py",
     "max_tokens_applied": "gateway/openai_api.py", "tags": "gateway/openai_api.py",
     "batch": "gateway/batches/runner.py",
