@@ -71,6 +71,7 @@ class Finding:
 @dataclass
 class Report:
     findings: list[Finding]
+    figures: dict[str, float] = field(default_factory=dict)  # what was measured, in ms (for --json and benchmarks)
 
     @property
     def problems(self) -> list[Finding]:
@@ -149,6 +150,8 @@ async def run(url: str, key: str | None, model: str, direct: str | None = None, 
             return Report([Finding("requests fail", True, f"HTTP {bad[0]} from {url}",
                                    "check the key, the model name and /readyz")])
         via_ttft = median([p.ttft for p in via if p.ttft is not None])
+        figures = {"ttft_p50_ms": round(via_ttft * 1000, 3),
+                   "total_p50_ms": round(median([p.total for p in via]) * 1000, 3)}
         sequential = await fetch_metrics(client, url, metrics_token)  # keep-alive is judged on one-at-a-time requests
 
         # 1. the proxy's own cost
@@ -158,6 +161,7 @@ async def run(url: str, key: str | None, model: str, direct: str | None = None, 
         if direct:
             straight = [await stream(client, direct, None, model, SHORT, tokens) for _ in range(samples)]
             direct_ttft = median([p.ttft for p in straight if p.ttft is not None])
+            figures["direct_ttft_p50_ms"] = round(direct_ttft * 1000, 3)
             extra = via_ttft - direct_ttft
             findings.append(Finding(
                 "proxy overhead", extra > max(0.05, 0.5 * direct_ttft),
@@ -219,7 +223,7 @@ async def run(url: str, key: str | None, model: str, direct: str | None = None, 
             if worker_after is not None:
                 findings += _worker_findings(worker_before, worker_after, worker_during)
     findings.sort(key=lambda f: not f.problem)
-    return Report(findings)
+    return Report(findings, figures)
 
 
 def _keep_alive(before: dict[str, Any], after: dict[str, Any]) -> Finding:
