@@ -49,17 +49,28 @@ def _load(path: str) -> Spec:
         sys.exit(f"tollgate loadtest: cannot read {path}: {exc.strerror}")
 
 
+PLAIN_EVERY_S = 5.0  # without a terminal (CI, a pipe): a progress line this often
+
+
 def _execute(spec: Spec, target: str | None, **kw: Any) -> Run:
-    """Run with a progress bar; Ctrl-C ends the run early and keeps its results."""
+    """Run with a progress bar on a terminal, or a line every few seconds on stderr without one (a pipe or a
+    CI log showed nothing until the end); Ctrl-C ends the run early and keeps its results."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     total = kw.get("duration") or spec.duration_s
+    terminal = sys.stderr.isatty()
+    said = [1.0 - PLAIN_EVERY_S]  # the first line after a second, then every PLAIN_EVERY_S
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[done]} done"),
-                  TimeElapsedColumn(), transient=True, disable=not sys.stderr.isatty()) as bar:
+                  TimeElapsedColumn(), transient=True, disable=not terminal) as bar:
         task = bar.add_task(spec.name, total=total or spec.requests, done=0)
 
         def progress(done: int, elapsed: float) -> None:
             bar.update(task, completed=elapsed if total else done, done=done)
+            if not terminal and elapsed - said[0] >= PLAIN_EVERY_S:
+                said[0] = elapsed
+                goal = f"of {total:.0f} s" if total else f"of {spec.requests} requests"
+                print(f"{spec.name}: {elapsed:.0f} s {goal}, {done} done ({done / max(elapsed, 1e-9):.1f}/s)",
+                      file=sys.stderr, flush=True)
         loop = asyncio.new_event_loop()
         main = loop.create_task(run(spec, target, progress, **kw))
         try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import struct
 import subprocess
 import sys
 from collections.abc import Callable
@@ -169,5 +171,9 @@ def test_five_second_run_through_the_gateway(start_sim: Callable[..., Proc],
     assert plain["requests"] > 10 and plain["error_rate"] == 0 and plain["tpot_ms"]["p50"] is None
     assert bad["errors"] == {"invalid_api_key": bad["requests"]} and bad["requests"] > 0
     for suffix in ("ttft-cdf", "latency-time", "stages"):
-        assert (tmp_path / "out" / f"e2e-{suffix}.png").stat().st_size > 1000
+        png = (tmp_path / "out" / f"e2e-{suffix}.png").read_bytes()
+        width, height = struct.unpack(">II", png[16:24])  # the PNG header's size: a plot a person can read
+        assert width >= 1000 and height >= 600, (suffix, width, height)
+    # no terminal (a pipe here, as in CI): progress lines while it runs, not silence until the end
+    assert re.search(r"e2e: \d+ s of 5 s, \d+ done", result.stderr), result.stderr
     assert "| stream |" in (tmp_path / "out" / "e2e.md").read_text()
