@@ -68,11 +68,29 @@ def test_alerts_dashboard_and_keda_name_only_metrics_the_gateway_exports() -> No
     known = exported_names()
     texts = [(DEPLOY / "prometheus" / "alerts.yml").read_text(), (DEPLOY / "grafana" / "tollgate.json").read_text(),
              (DEPLOY / "kubernetes" / "keda.yaml").read_text()]
-    used = {m for text in texts for m in re.findall(r"\btollgate_[a-z_]+", text)}
+    used = {m for text in texts for m in re.findall(r"\btollgate_[a-z0-9_]+", text)}
     assert used and used <= known, sorted(used - known)
     rules = yaml.safe_load(texts[0])
     assert {r["alert"] for g in rules["groups"] for r in g["rules"]} >= {"TollgatePremiumTTFTp95", "TollgateErrorRate"}
     assert len(json.loads(texts[1])["panels"]) >= 8
+
+
+def test_the_dashboard_has_the_operators_panels_and_tenant_and_model_variables() -> None:
+    board = json.loads((DEPLOY / "grafana" / "tollgate.json").read_text())
+    titles = " | ".join(p["title"] for p in board["panels"])
+    for wanted in ("Request rate", "Error rate", "Worker health", "Tokens per second", "GPU busy and idle"):
+        assert wanted in titles, (wanted, titles)
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert {"tenant", "model"} <= set(variables)
+    labels_of = {m._name: set(m._labelnames) for m in vars(GatewayMetrics()).values() if hasattr(m, "_labelnames")}
+    assert "model" in labels_of["tollgate_requests"] and "tenant" in labels_of["tollgate_cost_usd"]
+    for panel in board["panels"]:
+        for target in panel["targets"]:
+            for name, labels in re.findall(r"\b(tollgate_[a-z0-9_]+)(\{[^}]*\})?", target["expr"]):
+                base = re.sub(r"_(bucket|total|sum|count)$", "", name)
+                for label in ("model", "tenant"):  # each panel follows the dashboard's tenant and model choice
+                    if label in labels_of.get(base, labels_of.get(name, set())):
+                        assert f'{label}=~"${label}"' in labels, (panel["title"], target["expr"])
 
 
 def test_compose_nginx_conf_is_the_generated_copy() -> None:
