@@ -14,6 +14,7 @@ from gateway import accounting
 from gateway.cache.service import SemanticCache
 from gateway.cache.store import RedisStore
 from gateway.endpoints.responses import ResponseHomes
+from gateway.keys.service import open_keys
 from gateway.ledger.presence import Presence, Seen
 from gateway.ledger.writer import LedgerWriter
 from gateway.ops import gpu_costs, tracing
@@ -60,6 +61,7 @@ class Gateway:
         self.finish = accounting.Finish(accounting.observers(self.metrics, ledger, self.spend, self.ratelimit,
                                                              self.tracer))
         self.responses = ResponseHomes()  # which worker made which Responses API answer
+        self.keys = open_keys(store.current.policy.state, data_dir)  # runtime API keys and the admin audit log
         self.draining = False  # set on SIGTERM: /readyz turns 503 while answers in flight finish
         self._tasks: set[asyncio.Task[None]] = set()  # background work; each task leaves the set when done
 
@@ -68,6 +70,8 @@ class Gateway:
         await GATEWAY_SECRET.share(self.state)  # before the first request: its salt must be every replica's
         await self.upstreams.reconcile(self.store.current.policy.pools)
         await self._reconcile_cache(self.store.current.policy.cache)
+        await self.keys.start(self.store)  # before the first request: a runtime key works from the start
+        self._spawn(self.keys.watch())
         self.store.listeners.append(self._on_policy)
         self.store.rejection_listeners.append(self._on_policy_rejected)
         self._spawn(self.store.watch())
@@ -99,6 +103,7 @@ class Gateway:
             if self.cache is not None:
                 await self.cache.close()
             await self.upstreams.close()
+            await self.keys.close()
             if self.replicas is not None:
                 await self.replicas.leave()
             await self.state.close()

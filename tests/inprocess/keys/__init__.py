@@ -1,0 +1,1 @@
+"""In-process tests of gateway.keys, one file per module."""
