@@ -75,8 +75,11 @@ def start(cmd: list[str], port: int, log: Path, ready_path: str, timeout: float 
 
 def start_sim(log_dir: Path, *flags: str, model: str = "sim-llama-8b", port: int | None = None,
               ready: str = "/health", cpu: int | None = None) -> Proc:
+    """A simulated worker whose answers run to max_tokens (the benches and tests count on exact lengths) unless
+    ``flags`` give it a ``--mean-output-tokens`` of its own (the last one given wins)."""
     port = port or free_port()
-    cmd = [sys.executable, "-m", "workers.sim", "--port", str(port), "--model", model, *flags]
+    cmd = [sys.executable, "-m", "workers.sim", "--port", str(port), "--model", model, "--mean-output-tokens", "0",
+           *flags]
     return start(cmd, port, log_dir / f"sim-{port}.log", ready, cpu=cpu)
 
 

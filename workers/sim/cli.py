@@ -64,8 +64,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     engine.add_argument("--jitter", type=_bounded(float, 0, 1), default=0.0, help="relative stddev of step time")
     engine.add_argument("--seed", type=int, default=0)
     engine.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
-    engine.add_argument("--mean-output-tokens", type=_bounded(int, 0), default=0,
-                        help="mean answer length before EOS; 0 = answer until max_tokens")
+    engine.add_argument("--mean-output-tokens", type=_bounded(int, 0), default=d.mean_output_tokens,
+                        help="mean answer length before EOS (answers end with finish_reason stop); 0 = every "
+                             "answer runs to max_tokens (the benchmarks' exact lengths)")
     faults = p.add_argument_group("failure injection")
     faults.add_argument("--error-rate", type=_bounded(float, 0, 1), default=0.0)
     faults.add_argument("--error-status", type=_statuses, default=(500,), help="e.g. 500,503")

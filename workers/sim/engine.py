@@ -14,7 +14,11 @@ is tuned against the right shape rather than against a constant delay:
   its tokens and the hash before it, the first also over the request's ``cache_salt``), blocks of earlier
   prompts stay cached (least recently used first out, ``num_blocks`` at most), and a new prompt prefills only
   what follows its longest cached prefix with the same salt (at least its last token); the tokens asked for
-  and found count in ``prefix_cache_queries``/``hits``.
+  and found count in ``prefix_cache_queries``/``hits``;
+- a natural answer length: a sequence that does not ``ignore_eos`` ends with "stop" after a length drawn once, at
+  submission, around ``mean_output_tokens`` (0: never; it runs to ``max_tokens``, as the benchmarks need); a
+  scripted sequence (a tool call, JSON: text made once per request) emits its script's pieces in order and stops
+  when it has written them, so the loop never does per-token work for structure.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ class EngineConfig:
     jitter: float = 0.0
     seed: int = 0
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
-    mean_output_tokens: int = 0  # 0: never emit EOS by chance; finish at max_tokens or a stop string
+    mean_output_tokens: int = 80  # mean answer length before EOS; 0: finish at max_tokens or a stop string
 
 
 @dataclass(eq=False)
@@ -65,6 +69,8 @@ class Sequence:
     priority: int = 0
     block_hashes: tuple[int, ...] = ()  # the prompt's full blocks, chained (see block_hashes())
     topic: tuple[str, ...] = ()  # the question's words the answer draws on (tokenizer.topic)
+    script: tuple[str, ...] | None = None  # the pieces to write, in order, instead of sampled ones
+    eos_at: int | None = None  # the natural length: EOS after this many tokens (drawn at submission)
     cached_tokens: int = 0  # prompt tokens its prefill found in the prefix cache
     arrival: float = field(default_factory=time.monotonic)
     output: list[str] = field(default_factory=list)
@@ -167,6 +173,9 @@ class Engine:
 
     def submit(self, seq: Sequence) -> None:
         seq.order = next(self._order)
+        mean = self.config.mean_output_tokens
+        if mean and seq.eos_at is None and seq.script is None and not seq.ignore_eos:
+            seq.eos_at = natural_length(seq.rng, mean)
         key = seq.priority if self.config.scheduling_policy == "priority" else 0
         heapq.heappush(self._waiting, (key, seq.order, seq))
         seq.state = "waiting"
@@ -298,7 +307,8 @@ class Engine:
     def _emit(self, seq: Sequence, now: float) -> None:
         if seq.last_token_at is not None and self._on_token_gap:
             self._on_token_gap(now - seq.last_token_at)
-        seq.output.append(next_piece(seq.rng, seq.topic))
+        script = seq.script
+        seq.output.append(script[len(seq.output)] if script is not None else next_piece(seq.rng, seq.topic))
         self.stats.generation_tokens += 1
         if seq.first_token_at is None:
             seq.first_token_at = now
@@ -323,10 +333,11 @@ class Engine:
                 if cut >= 0:
                     seq.output[-1] = newest[: max(0, cut - (len(window) - len(newest)))]
                     return "stop"
+        if seq.script is not None and produced >= len(seq.script):
+            return "stop"
         if produced >= seq.max_tokens:
             return "length"
-        mean = self.config.mean_output_tokens
-        if mean and not seq.ignore_eos and produced >= seq.min_tokens and seq.rng.random() < 1.0 / mean:
+        if seq.eos_at is not None and produced >= seq.eos_at and produced >= seq.min_tokens:
             return "stop"
         return None
 
@@ -340,6 +351,12 @@ class Engine:
 
     def _blocks_for(self, tokens: int) -> int:
         return math.ceil(tokens / self.config.block_size)
+
+
+def natural_length(rng: random.Random, mean: int) -> int:
+    """An answer's length before EOS: gamma-distributed around ``mean`` (shape 4: most answers within half to
+    twice the mean, few of a token or two, as a chat model's are), at least 1."""
+    return max(1, round(rng.gammavariate(4.0, mean / 4.0)))
 
 
 def block_hashes(token_ids: list[int], block_size: int, salt: str | None = None) -> tuple[int, ...]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from workers.sim.engine import Engine, EngineConfig, Sequence
 
-ZERO = {"decode_base_s": 0.0, "decode_per_seq_s": 0.0, "prefill_per_token_s": 0.0}
+ZERO = {"decode_base_s": 0.0, "decode_per_seq_s": 0.0, "prefill_per_token_s": 0.0, "mean_output_tokens": 0}
 
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -73,7 +73,8 @@ def test_requests_wait_when_the_kv_cache_is_full_and_preempt_when_it_cannot_grow
 
 def test_abort_frees_blocks_at_once() -> None:
     async def main() -> Engine:
-        engine = Engine(EngineConfig(num_blocks=10, decode_base_s=0.01, decode_per_seq_s=0.0, prefill_per_token_s=0))
+        engine = Engine(EngineConfig(num_blocks=10, decode_base_s=0.01, decode_per_seq_s=0.0, prefill_per_token_s=0,
+                                     mean_output_tokens=0))
         engine.start()
         s = seq(prompt=40, max_tokens=1000)
         engine.submit(s)
@@ -129,7 +130,7 @@ def test_stop_strings_and_determinism() -> None:
 
 def test_eos_respects_min_tokens_and_ignore_eos() -> None:
     async def main() -> tuple[Sequence, Sequence]:
-        engine = Engine(EngineConfig(mean_output_tokens=1, **ZERO))
+        engine = Engine(EngineConfig(**{**ZERO, "mean_output_tokens": 1}))
         engine.start()
         early, forced = seq(max_tokens=50, min_tokens=7), seq(max_tokens=50, ignore_eos=True)
         engine.submit(early)
@@ -174,7 +175,7 @@ def test_prefix_caching_prefills_only_what_follows_the_cached_prefix() -> None:
 
     async def main() -> None:
         engine = Engine(EngineConfig(num_blocks=8, block_size=4, decode_base_s=0, decode_per_seq_s=0,
-                                     prefill_per_token_s=0, max_num_seqs=4))
+                                     prefill_per_token_s=0, max_num_seqs=4, mean_output_tokens=0))
         engine.start()
         system = list(range(16))  # four full blocks
 
@@ -217,3 +218,44 @@ def test_a_cache_salt_keeps_prompts_apart_as_in_vllm() -> None:
     cache.add(a)
     assert cache.hit_tokens(block_hashes([*ids, 7], 16, "a"), 65, 16) == 64
     assert cache.hit_tokens(b, 64, 16) == 0 and cache.hit_tokens(plain, 64, 16) == 0
+
+
+def test_answers_end_at_a_natural_length_around_the_mean_and_length_only_at_max_tokens() -> None:
+    async def main() -> list[Sequence]:
+        engine = Engine(EngineConfig(**{**ZERO, "mean_output_tokens": 40}))
+        engine.start()
+        seqs = [Sequence(request_id=str(i), prompt_tokens=10, max_tokens=1000, rng=random.Random(i))
+                for i in range(200)]
+        seqs += [seq(max_tokens=30, ignore_eos=True), Sequence(request_id="short", prompt_tokens=10, max_tokens=3,
+                                                               rng=random.Random(5))]
+        for s in seqs:
+            engine.submit(s)
+        await finish_all(engine, seqs)
+        await engine.stop()
+        return seqs
+    seqs = run(main())
+    natural, forced, short = seqs[:200], seqs[200], seqs[201]
+    lengths = sorted(len(s.output) for s in natural)
+    assert all(s.finish_reason == "stop" for s in natural)
+    assert 34 <= sum(lengths) / len(lengths) <= 46, "the mean is the flag's"
+    assert lengths[20] >= 15 and lengths[180] <= 70, "most answers within half to twice the mean"
+    assert forced.finish_reason == "length" and len(forced.output) == 30, "ignore_eos runs to max_tokens"
+    assert short.finish_reason == "length" and len(short.output) == 3
+
+
+def test_a_scripted_sequence_writes_its_pieces_in_order_and_stops_or_is_cut_at_max_tokens() -> None:
+    script = ("{", '"', "city", '"', ":", ' "', "Paris", '"', "}")
+
+    async def main() -> tuple[Sequence, Sequence]:
+        engine = Engine(EngineConfig(**{**ZERO, "mean_output_tokens": 1}))
+        engine.start()
+        whole = seq(max_tokens=50, script=script)
+        cut = seq(max_tokens=4, script=script)
+        engine.submit(whole)
+        engine.submit(cut)
+        await finish_all(engine, [whole, cut])
+        await engine.stop()
+        return whole, cut
+    whole, cut = run(main())
+    assert whole.text == '{"city": "Paris"}' and whole.finish_reason == "stop", "no early EOS inside a script"
+    assert cut.output == list(script[:4]) and cut.finish_reason == "length"

@@ -14,7 +14,7 @@ from workers.sim import tokenizer
 from workers.sim.engine import EngineConfig
 from workers.sim.server import SimServer
 
-ZERO = EngineConfig(decode_base_s=0.0, decode_per_seq_s=0.0, prefill_per_token_s=0.0)
+ZERO = EngineConfig(decode_base_s=0.0, decode_per_seq_s=0.0, prefill_per_token_s=0.0, mean_output_tokens=0)
 QUESTIONS = ("How do I reset my home router password?", "서울에서 부산까지 기차로 얼마나 걸려요?",
              "아이폰 15 Pro Max 가격이 얼마예요?", "Explain internationalization in Kubernetes, 쿠버네티스 국제화")
 
