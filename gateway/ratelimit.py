@@ -12,6 +12,9 @@ this process's. While Redis fails, each process counts in memory against its par
 divided by the live gateway processes it last saw), so the processes together stay near the limit instead of
 each letting the whole limit through; the memory counts start from zero, so the minute Redis fails may let
 up to twice the limit through.
+
+A runtime key with a rate limit of its own (gateway.keys) is counted beside its tenant: the request must fit
+both, checked and charged in the same step, and a refusal names the limit it met.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.errors import RateLimited
+from gateway.keys.model import own_rate_limit
 from gateway.policy.loader import TenantView
 from gateway.policy.schema import RateLimit
 
@@ -34,29 +38,39 @@ if TYPE_CHECKING:
 log = logging.getLogger("tollgate.ratelimit")
 WINDOW_S = 60
 
+# KEYS: per scope (the tenant, then the key if it has its own limit) its requests now, requests before, tokens
+# now, tokens before. ARGV: requests, tokens, the previous window's weight, seconds to the next window, then per
+# scope its requests and tokens per minute (0: none). Every scope must fit before any is charged.
 _CHECK = """
 local allowed = 1
 local wait = 0
-for i = 0, 1 do
-  local limit = tonumber(ARGV[3 + i])
-  if limit > 0 then
-    local cur = tonumber(redis.call('get', KEYS[1 + 2 * i]) or '0')
-    local prev = tonumber(redis.call('get', KEYS[2 + 2 * i]) or '0')
-    local seen = prev * tonumber(ARGV[5]) + cur
-    local cost = tonumber(ARGV[1 + i])
-    if seen + cost > limit then
-      allowed = 0
-      wait = math.max(wait, tonumber(ARGV[6]))
+local refused = 0
+local scopes = #KEYS / 4
+for s = 0, scopes - 1 do
+  for i = 0, 1 do
+    local limit = tonumber(ARGV[5 + 2 * s + i])
+    if limit > 0 then
+      local cur = tonumber(redis.call('get', KEYS[4 * s + 1 + 2 * i]) or '0')
+      local prev = tonumber(redis.call('get', KEYS[4 * s + 2 + 2 * i]) or '0')
+      local seen = prev * tonumber(ARGV[3]) + cur
+      local cost = tonumber(ARGV[1 + i])
+      if seen + cost > limit then
+        allowed = 0
+        wait = math.max(wait, tonumber(ARGV[4]))
+        if refused == 0 then refused = s + 1 end
+      end
     end
   end
 end
 if allowed == 1 then
-  for i = 0, 1 do
-    redis.call('incrby', KEYS[1 + 2 * i], ARGV[1 + i])
-    redis.call('expire', KEYS[1 + 2 * i], 130)
+  for s = 0, scopes - 1 do
+    for i = 0, 1 do
+      redis.call('incrby', KEYS[4 * s + 1 + 2 * i], ARGV[1 + i])
+      redis.call('expire', KEYS[4 * s + 1 + 2 * i], 130)
+    end
   end
 end
-return {allowed, wait}
+return {allowed, wait, refused}
 """
 
 
@@ -74,18 +88,30 @@ return 1
 
 @dataclass(frozen=True, slots=True)
 class Charge:
-    """What ``check`` counted for a request: its tenant, the window, the tokens, and where (Redis or here)."""
+    """What ``check`` counted for a request: its tenant, the window, the tokens, where (Redis or here), and the
+    scopes charged (the tenant's name, and "#<key id>" for a key's own limit; empty: the tenant alone)."""
 
     tenant: str
     window: int
     tokens: int
     in_redis: bool
+    scopes: tuple[str, ...] = ()
 
 
 def _window(now: float) -> tuple[int, float]:
     """The current window number and the previous window's weight (its share still inside the last minute)."""
     index = int(now // WINDOW_S)
     return index, 1.0 - (now - index * WINDOW_S) / WINDOW_S
+
+
+def _scopes(tenant: TenantView) -> list[tuple[str, RateLimit]]:
+    """Whose counts a request of this tenant's key goes to: the tenant's limit, and the key's own. A key's scope
+    starts with '#', which no tenant name can."""
+    scopes = [(tenant.name, tenant.rate_limit)] if tenant.rate_limit is not None else []
+    own = own_rate_limit(tenant)
+    if own is not None:
+        scopes.append(("#" + own[0], own[1]))
+    return scopes
 
 
 class RateLimiter:
@@ -102,33 +128,37 @@ class RateLimiter:
         self._warned = False
 
     async def check(self, tenant: TenantView, tokens: int, now: float | None = None) -> Charge | None:
-        """Count one request of ``tokens`` (worst case) for the tenant; RateLimited when it would pass a limit.
-        Returns what was charged, for ``settle`` (None: the tenant has no limit)."""
-        limit = tenant.rate_limit
-        if limit is None:
+        """Count one request of ``tokens`` (worst case) for the tenant (and its key's own limit); RateLimited
+        when it would pass a limit. Returns what was charged, for ``settle`` (None: no limit applies)."""
+        scopes = _scopes(tenant)
+        if not scopes:
             return None
         now = time.time() if now is None else now
         index, weight = _window(now)
         until_next = math.ceil((index + 1) * WINDOW_S - now)
-        rpm, tpm = limit.requests_per_minute or 0, limit.tokens_per_minute or 0
-        allowed = None
+        caps = [(limit.requests_per_minute or 0, limit.tokens_per_minute or 0) for _, limit in scopes]
+        refused: int | None = None
+        in_redis = False
         if self._script is not None:
-            keys = [f"{self._prefix}rl:{tenant.name}:{kind}:{w}" for kind in ("r", "t") for w in (index, index - 1)]
+            keys = [f"{self._prefix}rl:{name}:{kind}:{w}" for name, _ in scopes for kind in ("r", "t")
+                    for w in (index, index - 1)]
             try:
-                allowed, _ = await self._script(keys=keys, args=[1, tokens, rpm, tpm, weight, until_next])
-                self._warned = False
+                allowed, _, first = await self._script(keys=keys, args=[1, tokens, weight, until_next,
+                                                                        *(v for cap in caps for v in cap)])
+                self._warned, in_redis = False, True
+                refused = None if allowed else int(first) - 1
             except Exception as exc:
                 if not self._warned:
                     log.error("rate-limit store unavailable (%s): counting in this process against its part", exc)
                     self._warned = True
                 parts = max(1, self._processes())
-                rpm, tpm = (math.ceil(v / parts) if v else 0 for v in (rpm, tpm))
-        in_redis = allowed is not None
-        if allowed is None:
-            allowed = self._check_memory(tenant.name, index, weight, ((1, rpm), (tokens, tpm)))
-        if not allowed:
-            raise self._refused(tenant, limit, tokens, until_next)
-        return Charge(tenant.name, index, tokens, in_redis)
+                caps = [(math.ceil(r / parts) if r else 0, math.ceil(t / parts) if t else 0) for r, t in caps]
+        if not in_redis:
+            refused = self._check_memory([name for name, _ in scopes], index, weight, tokens, caps)
+        if refused is not None:
+            name, limit = scopes[refused]
+            raise self._refused(tenant, name, limit, tokens, until_next)
+        return Charge(tenant.name, index, tokens, in_redis, tuple(name for name, _ in scopes))
 
     def settle(self, charge: Charge, used_tokens: int, ran: bool) -> None:
         """Once per charged request, at its end: give back the tokens it did not use, and the request itself if
@@ -136,17 +166,18 @@ class RateLimiter:
         tokens_back, requests_back = max(0, charge.tokens - used_tokens), 0 if ran else 1
         if not tokens_back and not requests_back:
             return
-        if not charge.in_redis:
-            for kind, back in (("r", requests_back), ("t", tokens_back)):
-                key = (charge.tenant, kind, charge.window)
-                if back and key in self._memory:
-                    self._memory[key] = max(0, self._memory[key] - back)
-            return
-        assert self._refund is not None
-        keys = [f"{self._prefix}rl:{charge.tenant}:{kind}:{charge.window}" for kind in ("r", "t")]
-        task = asyncio.get_running_loop().create_task(self._give_back(keys, requests_back, tokens_back))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        for scope in charge.scopes or (charge.tenant,):
+            if not charge.in_redis:
+                for kind, back in (("r", requests_back), ("t", tokens_back)):
+                    key = (scope, kind, charge.window)
+                    if back and key in self._memory:
+                        self._memory[key] = max(0, self._memory[key] - back)
+                continue
+            assert self._refund is not None
+            keys = [f"{self._prefix}rl:{scope}:{kind}:{charge.window}" for kind in ("r", "t")]
+            task = asyncio.get_running_loop().create_task(self._give_back(keys, requests_back, tokens_back))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _give_back(self, keys: list[str], requests: int, tokens: int) -> None:
         assert self._refund is not None
@@ -159,24 +190,30 @@ class RateLimiter:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _check_memory(self, name: str, index: int, weight: float, costs: tuple[tuple[int, int], ...]) -> bool:
-        kinds = ("r", "t")
-        for kind, (cost, cap) in zip(kinds, costs, strict=True):
-            seen = self._memory.get((name, kind, index - 1), 0) * weight + self._memory.get((name, kind, index), 0)
-            if cap and seen + cost > cap:
-                return False
-        for kind, (cost, _) in zip(kinds, costs, strict=True):
-            self._memory[(name, kind, index)] = self._memory.get((name, kind, index), 0) + cost
+    def _check_memory(self, names: list[str], index: int, weight: float, tokens: int,
+                      caps: list[tuple[int, int]]) -> int | None:
+        """Charge every scope if each fits; else the index of the first that does not (nothing charged)."""
+        kinds = (("r", 1), ("t", tokens))
+        for i, (name, limits) in enumerate(zip(names, caps, strict=True)):
+            for (kind, cost), cap in zip(kinds, limits, strict=True):
+                seen = self._memory.get((name, kind, index - 1), 0) * weight + self._memory.get((name, kind, index), 0)
+                if cap and seen + cost > cap:
+                    return i
+        for name in names:
+            for kind, cost in kinds:
+                self._memory[(name, kind, index)] = self._memory.get((name, kind, index), 0) + cost
         for key in [k for k in self._memory if k[2] < index - 1]:
             del self._memory[key]
-        return True
+        return None
 
     @staticmethod
-    def _refused(tenant: TenantView, limit: RateLimit, tokens: int, wait_s: int) -> RateLimited:
+    def _refused(tenant: TenantView, scope: str, limit: RateLimit, tokens: int, wait_s: int) -> RateLimited:
         parts = []
         if limit.requests_per_minute:
             parts.append(f"{limit.requests_per_minute} requests")
         if limit.tokens_per_minute:
             parts.append(f"{limit.tokens_per_minute} tokens (this request counts {tokens}: prompt + max_tokens)")
-        return RateLimited(f"Rate limit reached for tenant '{tenant.name}': {' and '.join(parts)} per minute. "
+        whose = f"API key '{scope[1:]}' of tenant '{tenant.name}'" if scope.startswith("#") else \
+            f"tenant '{tenant.name}'"
+        return RateLimited(f"Rate limit reached for {whose}: {' and '.join(parts)} per minute. "
                            f"Retry after {wait_s} s.", retry_after_s=max(1, wait_s))

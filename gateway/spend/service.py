@@ -10,6 +10,10 @@ a long conversation continued), on one replica or many (the reservation is one a
 stays within the limit plus one request's reservation. ``settle`` (from accounting, once per request) swaps the
 reservation for the actual cost. Redis failing does not stop traffic: the budget is not enforced
 while it is down (logged and counted), and the ledger, the truth, reseeds the counter when it is back.
+
+A runtime key with a budget of its own (gateway.keys) is held to it beside its tenant's: the request reserves
+its worst case against both (a key's counter is "#<key id>", a name no tenant can have, seeded from the ledger's
+records of that key), is refused when either would pass, and settles both.
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from gateway.context import RequestContext
 from gateway.errors import InvalidRequest, OverBudget
+from gateway.keys.model import own_budget
 from gateway.ledger import prices as pricing
 from gateway.ledger import times
 from gateway.ledger.stores import OPEN_END, LedgerStore
@@ -49,6 +54,25 @@ class Reservation:
     rid: str  # what the counters hold it under: settling releases what they hold, not what we believe
     amount: int  # nano-USD; 0 when the counter did not answer (the reservation may still have been made)
     budget: Budget
+    scope: str  # the tenant's name, or "#<key id>" for a key's own budget
+    then: Reservation | None = None  # the request's other reservation (the tenant's and its key's)
+
+
+def _held(reservation: object | None) -> list[Reservation]:
+    found = []
+    while isinstance(reservation, Reservation):
+        found.append(reservation)
+        reservation = reservation.then
+    return found
+
+
+def _budgets(tenant: TenantView) -> list[tuple[str, Budget]]:
+    """The budgets a request of this tenant's key is held to, by scope."""
+    budgets = [(tenant.name, tenant.budget)] if tenant.budget is not None else []
+    own = own_budget(tenant)
+    if own is not None:
+        budgets.append(("#" + own[0], own[1]))
+    return budgets
 
 
 _RID_PREFIX = os.urandom(6).hex()  # reservation ids: unique across processes, no syscall per request
@@ -107,8 +131,7 @@ class Spend:
                 klass = self._anomaly(ctx, call, usual_usd, baseline, version)
             else:
                 self.baselines.observe(tenant.name, usual_usd, rule)
-        if tenant.budget is not None:
-            await self._reserve(ctx, tenant, tenant.budget, priced(call.prompt_bound), now)  # a bound
+        await self._reserve_all(ctx, tenant, priced(call.prompt_bound), now)  # a bound
         return klass
 
     async def switch(self, ctx: RequestContext, call: Call) -> None:
@@ -122,10 +145,10 @@ class Spend:
         now = time.time()
         prices = ctx.snapshot.policy.prices
         version = pricing.version_on(prices, ctx.served_model, times.utc_day(now))
-        if version is None or tenant.budget is None:
+        if version is None:
             return
         worst = _worst_usd(ctx, call, prices, version, call.prompt_bound, ctx.service_class)
-        await self._reserve(ctx, tenant, tenant.budget, worst, now)
+        await self._reserve_all(ctx, tenant, worst, now)
 
     def _anomaly(self, ctx: RequestContext, call: Call, worst_usd: float, baseline: float,
                  version: Any) -> str:
@@ -148,30 +171,45 @@ class Spend:
         self.alerts.raise_alert("request_cost", rule.action, webhook, **details)
         return "batch" if rule.action == "downgrade" else ctx.service_class
 
-    async def _reserve(self, ctx: RequestContext, tenant: TenantView, budget: Budget, worst_usd: float,
-                       now: float) -> None:
-        key = period_key(tenant.name, budget, now)
+    async def _reserve_all(self, ctx: RequestContext, tenant: TenantView, worst_usd: float, now: float) -> None:
+        """Reserve against every budget the request is held to; refused by one, what the others hold is left on
+        the context for the request's settle to release."""
+        held: Reservation | None = None
+        try:
+            for scope, budget in _budgets(tenant):
+                held = replace(await self._reserve(ctx, tenant, scope, budget, worst_usd, now), then=held)
+        finally:
+            ctx.reservation = held
+
+    async def _reserve(self, ctx: RequestContext, tenant: TenantView, scope: str, budget: Budget,
+                       worst_usd: float, now: float) -> Reservation:
+        key = period_key(scope, budget, now)
         amount, limit = math.ceil(worst_usd * NANO), int(budget.limit_usd * NANO)
         rid = f"{_RID_PREFIX}{next(_rids):x}"
         try:
             result = await self.counters.reserve(key, rid, amount, limit, None)
             if result is None:
-                seed = await self._seed(tenant.name, budget, now)
+                seed = await self._seed(tenant.name, budget, now, scope)
                 result = await self.counters.reserve(key, rid, amount, limit, seed)
         except Exception as exc:  # the shared counter is down or slow: let traffic through, say so
-            log.error("budget counter unavailable (%s): %s is not enforced", exc, tenant.name)
+            log.error("budget counter unavailable (%s): %s is not enforced", exc, scope)
             self.metrics.errors.labels(ctx.label, ctx.model or "none", "budget_store_down").inc()
-            ctx.reservation = Reservation(key, rid, 0, budget)  # a reserve that ran late is released at settle
-            return
+            return Reservation(key, rid, 0, budget, scope)  # a reserve that ran late is released at settle
         assert result is not None
         granted, spent, reserved = result
-        self.metrics.child(self.metrics.budget_remaining, tenant.name).set((limit - spent - reserved) / NANO)
+        if scope == tenant.name:
+            self.metrics.child(self.metrics.budget_remaining, tenant.name).set((limit - spent - reserved) / NANO)
+        if not granted and scope != tenant.name:
+            raise OverBudget(f"API key '{scope[1:]}' of tenant '{tenant.name}' has used its own budget of "
+                             f"${budget.limit_usd:g} per {budget.period} (spent ${spent / NANO:.6f}, "
+                             f"${reserved / NANO:.6f} reserved by requests in flight); this request could cost "
+                             f"up to ${worst_usd:.6f}.")
         if not granted:
             raise OverBudget(f"Tenant '{tenant.name}' has used its {budget.period}ly budget of "
                            f"${budget.limit_usd:g} (spent ${spent / NANO:.6f}, ${reserved / NANO:.6f} reserved by "
                            "requests in flight); this request could cost up to "
                            f"${worst_usd:.6f}.")
-        ctx.reservation = Reservation(key, rid, amount, budget)
+        return Reservation(key, rid, amount, budget, scope)
 
     async def _seed_baseline(self, tenant: str, now: float) -> None:
         """A tenant first seen by this process: its baseline from the ledger's last day (once; concurrent first
@@ -195,11 +233,17 @@ class Spend:
         if rows and rows[0]["requests"] and rows[0]["cost_usd"]:
             self.baselines.seed(tenant, rows[0]["cost_usd"] / rows[0]["requests"], int(rows[0]["requests"]))
 
-    async def _seed(self, tenant: str, budget: Budget, now: float) -> int:
-        """The period's spend so far, from the ledger (the truth when the counter is new or was lost)."""
+    async def _seed(self, tenant: str, budget: Budget, now: float, scope: str | None = None) -> int:
+        """The period's spend so far, from the ledger (the truth when the counter is new or was lost): the
+        tenant's, or with a key's scope that key's records."""
         if self.ledger is None:
             return 0
-        rows = await asyncio.to_thread(self.ledger.totals, times.period_start(budget.period, now), OPEN_END, [], tenant)
+        start = times.period_start(budget.period, now)
+        if scope is None or scope == tenant:
+            rows = await asyncio.to_thread(self.ledger.totals, start, OPEN_END, [], tenant)
+        else:
+            rows = [r for r in await asyncio.to_thread(self.ledger.totals, start, OPEN_END, ["key"], tenant)
+                    if r["key_id"] == scope[1:]]
         return math.ceil((rows[0]["cost_usd"] if rows else 0.0) * NANO)
 
     def settle(self, ctx: RequestContext, cost_usd: float) -> None:
@@ -212,41 +256,45 @@ class Spend:
                                                                        tenant.anomaly.k)) is not None:
             self.alerts.raise_alert("spend_rate", "alert", webhook, tenant=tenant.name,
                                     hour_usd=round(rate[0], 6), usual_hourly_usd=round(rate[1], 6))
-        reservation: Reservation | None = ctx.reservation  # type: ignore[assignment]
-        if reservation is None and (tenant.budget is None or cost_usd <= 0):
-            return
-        budget = reservation.budget if reservation else tenant.budget
-        assert budget is not None
-        key = reservation.key if reservation else period_key(tenant.name, budget, time.time())
-        rid, actual = (reservation.rid if reservation else None), math.ceil(cost_usd * NANO)
-        if isinstance(self.counters, MemoryCounters):
-            self._settled(tenant, budget, key, self.counters.settle_now(key, rid, actual), webhook)
-            return
-        task = asyncio.get_running_loop().create_task(self._settle(tenant, budget, key, rid, actual, webhook))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        now = time.time()
+        parts = [(r.scope, r.budget, r.key, r.rid) for r in _held(ctx.reservation)]
+        if cost_usd > 0:  # a budget it reserved nothing from (a priced cache hit, a store that was down) counts it
+            held = {scope for scope, _, _, _ in parts}
+            parts += [(scope, budget, period_key(scope, budget, now), None) for scope, budget in _budgets(tenant)
+                      if scope not in held]
+        actual = math.ceil(cost_usd * NANO)
+        for scope, budget, key, rid in parts:
+            if isinstance(self.counters, MemoryCounters):
+                self._settled(tenant, scope, budget, key, self.counters.settle_now(key, rid, actual), webhook)
+                continue
+            task = asyncio.get_running_loop().create_task(
+                self._settle(tenant, scope, budget, key, rid, actual, webhook))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
-    async def _settle(self, tenant: TenantView, budget: Budget, key: str, rid: str | None, actual: int,
-                      webhook: str | None) -> None:
+    async def _settle(self, tenant: TenantView, scope: str, budget: Budget, key: str, rid: str | None,
+                      actual: int, webhook: str | None) -> None:
         try:
             result = await self.counters.settle(key, rid, actual)
         except Exception as exc:
             log.error("budget counter unavailable at settlement (%s); the ledger keeps the cost", exc)
             return
-        self._settled(tenant, budget, key, result, webhook)
+        self._settled(tenant, scope, budget, key, result, webhook)
 
-    def _settled(self, tenant: TenantView, budget: Budget, key: str, result: tuple[int, int] | None,
+    def _settled(self, tenant: TenantView, scope: str, budget: Budget, key: str, result: tuple[int, int] | None,
                  webhook: str | None) -> None:
         if result is None:
             return
         spent, reserved = result
         limit = budget.limit_usd * NANO
-        self.metrics.child(self.metrics.budget_remaining, tenant.name).set((limit - spent - reserved) / NANO)
+        whose = {} if scope == tenant.name else {"key_id": scope[1:]}
+        if not whose:
+            self.metrics.child(self.metrics.budget_remaining, tenant.name).set((limit - spent - reserved) / NANO)
         if spent >= budget.alert_at * limit and key not in self._alerted:
             self._alerted.add(key)
-            self.alerts.raise_alert("budget", "alert", webhook, tenant=tenant.name, period=key.split(":", 1)[1],
-                                    spent_usd=round(spent / NANO, 6), limit_usd=budget.limit_usd,
-                                    alert_at=budget.alert_at)
+            self.alerts.raise_alert("budget", "alert", webhook, tenant=tenant.name, **whose,
+                                    period=key.split(":", 1)[1], spent_usd=round(spent / NANO, 6),
+                                    limit_usd=budget.limit_usd, alert_at=budget.alert_at)
 
     async def close(self) -> None:
         if self._tasks:
