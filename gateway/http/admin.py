@@ -1,33 +1,251 @@
-"""The admin API (/admin/*): policy apply and status, queues, cache purge, anomalies, scale. Every route needs
-the admin token (the cost reports, which a finance token also reads, are in gateway.http.reports)."""
+"""The admin API (/admin/*): the policy (read, redacted; apply; status), queues, cache purge, anomalies, scale,
+and the audit log. Every route needs the admin token: an unknown credential is 401, a known one of another role
+(a tenant's key, the finance or metrics token) 403 (the cost reports, which a finance token also reads, are in
+gateway.http.reports; runtime keys in gateway.http.keys_api).
+
+Every admin action that changes something (a policy applied or refused, a cache purge, a key operation) is
+written to the audit log (gateway.keys.store): who (the role and the first hex digits of its token's hash), when,
+what, and from where (the client's address; behind a proxy in ``server.trusted_proxies``, the address it names in
+X-Forwarded-For). A policy change records each path with its old and new values, secrets redacted as
+GET /admin/policy shows them: token hashes, key hashes (as key ids), the password of a DSN or URL, a webhook
+URL's path and query.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
+import logging
+import re
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import orjson
+import yaml
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.auth import admin_actor
 from gateway.cache.store import StoreUnavailable
 from gateway.errors import Conflict, InvalidRequest, Unavailable
 from gateway.http.asgi import read_body, request_headers
-from gateway.http.guards import gateway_of, require_admin
+from gateway.http.guards import authorization, gateway_of
+from gateway.http.reports import shown_range, time_range
 from gateway.http.responses import json_response
+from gateway.keys.model import key_id
 from gateway.policy.loader import MAX_POLICY_BYTES, PolicyError
+from gateway.policy.schema import Policy
 from gateway.spend.alerts import public
+
+log = logging.getLogger("tollgate.admin")
+REDACTED = "<redacted>"
+MAX_AUDITED_CHANGES = 200  # paths with their values in one policy change's entry (the total is always said)
+MAX_AUDITED_VALUE = 4096  # bytes of JSON one old or new value may take there; larger ones are summarised
+_SECRET_QUERY = re.compile(r"pass|secret|token|key|auth|sig", re.IGNORECASE)
+_DSN_PASSWORD = re.compile(r"\b(password|sslpassword)\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def require_admin(request: Request) -> str:
+    """The admin token, or 401 (unknown) / 403 (another role's credential); who the caller is, for the audit."""
+    return admin_actor(authorization(request), gateway_of(request).store.current)
+
+
+def client_address(request: Request) -> str | None:
+    """The caller's address: the peer's, or behind proxies in ``server.trusted_proxies`` the nearest address in
+    X-Forwarded-For that is not one of them (each trusted hop vouches only for the one before it)."""
+    peer = request.client.host if request.client else None
+    if peer is None:
+        return None
+    trusted = gateway_of(request).store.current.policy.server.trusted_proxies
+    hops = [h.strip() for value in request.headers.getlist("x-forwarded-for") for h in value.split(",")]
+    current = peer
+    while hops and _within(current, trusted):
+        hop = hops.pop()
+        if not _address(hop):
+            break
+        current = hop
+    return current[:64]
+
+
+def _address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _within(text: str, networks: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return any(address in network for network in networks)
+
+
+async def audited(request: Request, actor: str, action: str, target: str | None, details: dict[str, Any]) -> None:
+    """Write an admin action that changed no key to the audit log; an entry the store cannot take goes to the
+    log instead (the action is done: refusing its answer now would say it was not)."""
+    client = client_address(request)
+    try:
+        await gateway_of(request).keys.record(actor, client, action, target, details)
+    except Exception as exc:
+        log.error("audit entry not stored (%s): %s", exc, orjson.dumps(
+            {"actor": actor, "client": client, "action": action, "target": target, "details": details}).decode())
+
+
+def redact_url(url: str | None, lone_user: bool = True) -> str | None:
+    """A URL without the secrets it may carry: the password of its user (or with ``lone_user`` the user, when it
+    stands alone: a token, in an HTTP URL), and query values whose names say they are secret."""
+    if not url or "://" not in url:
+        return url
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return REDACTED
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc += f":{port}"
+    if parts.password is not None:
+        netloc = f"{parts.username or ''}:{REDACTED}@{netloc}"
+    elif parts.username:
+        netloc = f"{REDACTED if lone_user else parts.username}@{netloc}"
+    query = urlencode([(k, REDACTED if _SECRET_QUERY.search(k) else v) for k, v in
+                       parse_qsl(parts.query, keep_blank_values=True)], safe="<>")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def redact_dsn(dsn: str | None) -> str | None:
+    """A PostgreSQL DSN without its password, as a URL or as key=value words."""
+    if not dsn:
+        return dsn
+    if "://" in dsn:
+        return redact_url(dsn, lone_user=False)
+    return _DSN_PASSWORD.sub(lambda m: f"{m.group(1)}={REDACTED}", dsn)
+
+
+def redact_webhook(url: str | None) -> str | None:
+    """A webhook's scheme and host only: its path and query are often the secret (a Slack hook's path is)."""
+    if not url:
+        return url
+    bare = redact_url(url) or ""
+    parts = urlsplit(bare)
+    hidden = "/" + REDACTED if parts.path not in ("", "/") or parts.query else parts.path
+    return urlunsplit((parts.scheme, parts.netloc, hidden, "", ""))
+
+
+def redacted(policy: Policy) -> dict[str, Any]:
+    """The policy as JSON data with its secrets out (see the module's docstring)."""
+    data = policy.model_dump(mode="json")
+    server = data["server"]
+    for name in ("admin_token_sha256", "metrics_token_sha256", "finance_token_sha256"):
+        if server.get(name):
+            server[name] = REDACTED
+    for tenant in data["tenants"].values():
+        tenant["keys"] = [key_id(k.removeprefix("sha256:")) for k in tenant["keys"]]
+    data["spend"]["webhook_url"] = redact_webhook(data["spend"]["webhook_url"])
+    dsn = data["state"]["postgres_dsn"]
+    data = _without_userinfo(data)  # state.redis_url, tracing.endpoint, workers' URLs and whatever comes next
+    data["state"]["postgres_dsn"] = redact_dsn(dsn)  # its user is no secret
+    return data
+
+
+def _without_userinfo(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_userinfo(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_userinfo(v) for v in value]
+    if isinstance(value, str) and "://" in value and ("@" in value or "?" in value):
+        return redact_url(value)
+    return value
+
+
+def policy_changes(old: Policy, new: Policy) -> tuple[list[dict[str, Any]], int]:
+    """Each path added, removed or changed, with its old and new values as GET /admin/policy shows them (a
+    changed secret: both redacted, so the entry says that it changed): (the first MAX_AUDITED_CHANGES, how many)."""
+    found: list[dict[str, Any]] = []
+    _changes(old.model_dump(mode="json"), new.model_dump(mode="json"), redacted(old), redacted(new), "", found)
+    return found[:MAX_AUDITED_CHANGES], len(found)
+
+
+def _changes(a: Any, b: Any, shown_a: Any, shown_b: Any, prefix: str, out: list[dict[str, Any]]) -> None:
+    """gateway.policy.loader.diff's walk, over the raw values (a changed secret is a change) beside the shown
+    ones (what the entry says). Redaction replaces leaves only, so the two trees have one shape."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b), key=str):
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if key not in a:
+                out.append({"path": path, "change": "added", "new": _bounded(shown_b[key])})
+            elif key not in b:
+                out.append({"path": path, "change": "removed", "old": _bounded(shown_a[key])})
+            else:
+                _changes(a[key], b[key], shown_a[key], shown_b[key], path, out)
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _changes(x, y, shown_a[i], shown_b[i], f"{prefix}.{i}", out)
+    elif a != b:
+        out.append({"path": prefix or "<root>", "change": "changed", "old": _bounded(shown_a),
+                    "new": _bounded(shown_b)})
+
+
+def _bounded(value: Any) -> Any:
+    size = len(orjson.dumps(value))
+    return value if size <= MAX_AUDITED_VALUE else {"omitted": f"{size} bytes of JSON"}
+
+
+async def get_policy(request: Request) -> Response:
+    """The live policy, secrets redacted: JSON, or YAML with ?format=yaml."""
+    require_admin(request)
+    form = request.query_params.get("format", "json")
+    if form not in ("json", "yaml"):
+        raise InvalidRequest("format is json or yaml.", "invalid_format", param="format")
+    snapshot = gateway_of(request).store.current
+    data = await asyncio.to_thread(redacted, snapshot.policy)  # a policy of 100,000 tenants takes a while
+    headers = {"x-tollgate-policy-digest": snapshot.digest}
+    if form == "yaml":
+        text = await asyncio.to_thread(yaml.safe_dump, data, sort_keys=False, allow_unicode=True)
+        return Response(text, headers=headers, media_type="application/yaml")
+    response = json_response(data)
+    response.headers.update(headers)
+    return response
 
 
 async def put_policy(request: Request) -> Response:
-    require_admin(request)
+    actor = require_admin(request)
     store = gateway_of(request).store
     raw = await read_body(request.receive, request_headers(request.scope), MAX_POLICY_BYTES)
     text = raw.decode("utf-8", errors="replace")
+    before = store.current
     try:
         changes = await store.apply_text(text)
     except PolicyError as exc:
+        await audited(request, actor, "policy.reject", "policy", {
+            "digest": before.digest, "errors": [p for p, _ in exc.errors[:MAX_AUDITED_CHANGES]],
+            "errors_total": len(exc.errors)})
         rejected = InvalidRequest("The policy was rejected; the running one stays.", "invalid_policy")
         rejected.details = [{"path": p, "message": m} for p, m in exc.errors]
         raise rejected from None
-    return json_response({"status": "applied", "digest": store.current.digest, "diff": changes})
+    after = store.current
+    valued, total = await asyncio.to_thread(policy_changes, before.policy, after.policy)
+    await audited(request, actor, "policy.apply", "policy", {
+        "digest": {"old": before.digest, "new": after.digest}, "changes": valued, "changes_total": total})
+    return json_response({"status": "applied", "digest": after.digest, "diff": changes})
+
+
+async def audit_log(request: Request) -> Response:
+    """The audit log, newest first: ?from= &to= (ISO dates or times, UTC; as the cost reports read them)
+    &limit= (1-1000, default 100)."""
+    require_admin(request)
+    start, end = time_range(request)
+    text = request.query_params.get("limit", "100")
+    if not text.isdigit() or not 1 <= int(text) <= 1000:
+        raise InvalidRequest("limit is a whole number from 1 to 1000.", "invalid_limit", param="limit")
+    entries = await gateway_of(request).keys.audit(start, end, int(text))
+    return json_response({"object": "list", **shown_range(start, end), "data": entries})
 
 
 async def policy_status(request: Request) -> Response:
@@ -36,7 +254,7 @@ async def policy_status(request: Request) -> Response:
 
 
 async def purge_cache(request: Request) -> Response:
-    require_admin(request)
+    actor = require_admin(request)
     gw = gateway_of(request)
     q = request.query_params
     repeated = sorted(k for k in set(q.keys()) if len(q.getlist(k)) > 1)
@@ -50,6 +268,9 @@ async def purge_cache(request: Request) -> Response:
         purged = await gw.cache.purge(q.get("tenant"), q.get("model"), q.get("id"))
     except StoreUnavailable:
         raise Unavailable("The cache store is unreachable.", "cache_store_down") from None
+    selector = {k: q[k] for k in ("tenant", "model", "id", "all") if q.get(k)}
+    await audited(request, actor, "cache.purge", ",".join(f"{k}={v}" for k, v in selector.items())[:200],
+                  {**selector, "purged": purged})
     return json_response({"purged": purged})
 
 
@@ -113,6 +334,8 @@ ROUTES = [
     Route("/admin/anomalies", anomalies, methods=["GET"]),
     Route("/admin/queues", queues, methods=["GET"]),
     Route("/admin/policy", put_policy, methods=["PUT"]),
+    Route("/admin/policy", get_policy, methods=["GET"]),
+    Route("/admin/audit", audit_log, methods=["GET"]),
     Route("/admin/policy/status", policy_status, methods=["GET"]),
     Route("/admin/cache", purge_cache, methods=["DELETE"]),
     Route("/admin/cache", cache_status, methods=["GET"]),
