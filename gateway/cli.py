@@ -1,4 +1,5 @@
-"""`tollgate`: up | serve | sim | policy check | keys new | costs | diagnose | worker render | loadtest."""
+"""`tollgate`: up | serve | sim | policy check | keys new|create|list|revoke|rotate|expire | costs | diagnose |
+worker render | loadtest."""
 
 from __future__ import annotations
 
@@ -345,6 +346,99 @@ def cmd_keys_new(args: argparse.Namespace) -> None:
     print(f'      - "sha256:{hash_key(key)}"')
 
 
+def _admin_call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None,
+                params: dict[str, str] | None = None) -> Any:
+    """One call to a running gateway's admin API; exits with its error in plain words when it fails."""
+    token = args.token or os.environ.get("TOLLGATE_ADMIN_TOKEN")
+    if not token:
+        sys.exit(f"tollgate keys {args.keys_command}: give --token or set TOLLGATE_ADMIN_TOKEN")
+    try:
+        response = httpx.request(method, args.url.rstrip("/") + path, json=body, params=params,
+                                 headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    except httpx.HTTPError as exc:
+        sys.exit(f"tollgate keys {args.keys_command}: {args.url} did not answer: {exc}")
+    if response.status_code >= 400:
+        try:
+            message = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = response.text[:500]
+        sys.exit(f"tollgate keys {args.keys_command}: HTTP {response.status_code}: {message}")
+    return response.json()
+
+
+def _seconds(text: str) -> float:
+    """A duration: seconds, or a number with s, m, h or d."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        return float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90, 15m, 24h, 7d)") from None
+
+
+def _print_key(record: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(record, indent=2))
+        return
+    if "key" in record:
+        print(f"API key {record['id']} for tenant '{record['tenant']}' (shown once; store it now): {record['key']}")
+    if record.get("previous"):
+        old = record["previous"]
+        print(f"{old['id']} still works until {old['expires_at']}, then stops.")
+    if "key" not in record:
+        print(f"{record['id']}: {record['status']}" + (f", expires {record['expires_at']}" if record["expires_at"]
+                                                      else ""))
+
+
+def cmd_keys_create(args: argparse.Namespace) -> None:
+    body: dict[str, Any] = {"tenant": args.tenant, "name": args.name or ""}
+    if args.expires_at:
+        body["expires_at"] = args.expires_at
+    if args.expires_in is not None:
+        body["expires_in_s"] = args.expires_in
+    if args.budget_usd is not None:
+        body["budget"] = {"period": args.budget_period, "limit_usd": args.budget_usd}
+    if args.rpm or args.tpm:
+        body["rate_limit"] = {"requests_per_minute": args.rpm, "tokens_per_minute": args.tpm}
+    if args.models:
+        body["models"] = [m.strip() for m in args.models.split(",") if m.strip()]
+    _print_key(_admin_call(args, "POST", "/admin/keys", body), args.json)
+
+
+def cmd_keys_list(args: argparse.Namespace) -> None:
+    keys = _admin_call(args, "GET", "/admin/keys", params={"tenant": args.tenant} if args.tenant else None)["data"]
+    if args.json:
+        print(json.dumps(keys, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Runtime API keys", padding=(0, 1), collapse_padding=True)
+    columns = ("id", "tenant", "name", "status", "created_at", "created_by", "expires_at")
+    for name in columns:
+        table.add_column(name, overflow="fold")
+    for key in keys:
+        table.add_row(*(str(key.get(c) or "") for c in columns))
+    Console().print(table)
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> None:
+    _print_key(_admin_call(args, "POST", f"/admin/keys/{args.id}/revoke"), args.json)
+
+
+def cmd_keys_rotate(args: argparse.Namespace) -> None:
+    _print_key(_admin_call(args, "POST", f"/admin/keys/{args.id}/rotate", {"grace_s": args.grace}), args.json)
+
+
+def cmd_keys_expire(args: argparse.Namespace) -> None:
+    if args.never:
+        body: dict[str, Any] = {"expires_at": None}
+    elif args.at:
+        body = {"expires_at": args.at}
+    else:
+        body = {"expires_in_s": args.expires_in}
+    _print_key(_admin_call(args, "PATCH", f"/admin/keys/{args.id}", body), args.json)
+
+
 def cmd_worker_render(args: argparse.Namespace) -> None:
     from gateway.policy.loader import PolicyError, load_file
     from workers.vllm.render import container_args, shell_command
@@ -441,6 +535,43 @@ def build_parser() -> argparse.ArgumentParser:
     new = keys.add_parser("new", help="make a key; print it once and the hash line for the policy")
     new.add_argument("--tenant", required=True)
     new.set_defaults(func=cmd_keys_new)
+
+    def runtime(name: str, help_text: str) -> argparse.ArgumentParser:
+        """A subcommand that calls a running gateway's admin API."""
+        command = keys.add_parser(name, help=help_text)
+        command.add_argument("--url", default="http://127.0.0.1:8080")
+        command.add_argument("--token", help="the admin token (or env TOLLGATE_ADMIN_TOKEN)")
+        command.add_argument("--json", action="store_true", help="the API's answer as JSON")
+        return command
+    create = runtime("create", "make a key on a running gateway (stored hashed; printed once)")
+    create.add_argument("--tenant", required=True)
+    create.add_argument("--name", help="a label for people")
+    create.add_argument("--expires-at", help="ISO 8601 time (UTC without an offset)")
+    create.add_argument("--expires-in", type=_seconds, help="a duration: 3600, 90m, 24h, 30d")
+    create.add_argument("--budget-usd", type=float, help="the key's own budget, within its tenant's")
+    create.add_argument("--budget-period", choices=("day", "month"), default="month")
+    create.add_argument("--rpm", type=int, help="the key's own requests per minute, within its tenant's")
+    create.add_argument("--tpm", type=int, help="the key's own tokens per minute, within its tenant's")
+    create.add_argument("--models", help="comma-separated models the key may use, of its tenant's")
+    create.set_defaults(func=cmd_keys_create)
+    listing = runtime("list", "the runtime keys (never the keys themselves)")
+    listing.add_argument("--tenant")
+    listing.set_defaults(func=cmd_keys_list)
+    revoke = runtime("revoke", "refuse a key from now on, on every replica")
+    revoke.add_argument("id")
+    revoke.set_defaults(func=cmd_keys_revoke)
+    rotate = runtime("rotate", "a new key like this one; the old one works for a grace period, then stops")
+    rotate.add_argument("id")
+    rotate.add_argument("--grace", type=_seconds, default=86400.0, help="how long the old key still works "
+                        "(default 24h)")
+    rotate.set_defaults(func=cmd_keys_rotate)
+    expire = runtime("expire", "set when a key stops working")
+    expire.add_argument("id")
+    when = expire.add_mutually_exclusive_group(required=True)
+    when.add_argument("--at", help="ISO 8601 time (UTC without an offset)")
+    when.add_argument("--in", dest="expires_in", type=_seconds, help="a duration from now (0: now)")
+    when.add_argument("--never", action="store_true", help="clear the expiry")
+    expire.set_defaults(func=cmd_keys_expire)
 
     worker = sub.add_parser("worker", help="real vLLM workers").add_subparsers(dest="worker_command", required=True)
     render = worker.add_parser("render", help="render `vllm serve` for a worker spec in the policy")
