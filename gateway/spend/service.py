@@ -121,7 +121,7 @@ class Spend:
 
         # The anomaly rule compares what a request may generate with the tenant's usual; an embeddings request
         # generates nothing (nothing to clamp), and its small costs would lower the usual of the tenant's chat.
-        if call.max_output:
+        if call.max_output and not ctx.probe:  # a probe's prompts are the operator's, not the tenant's usual
             usual_usd = priced(call.prompt_estimate)  # the anomaly rule's measure of a request's size
             rule = tenant.anomaly
             if not self.baselines.known(tenant.name):
@@ -252,8 +252,9 @@ class Spend:
         if tenant is None:
             return
         webhook = _webhook(ctx)
-        if cost_usd > 0 and (rate := self.baselines.spend_rate_anomaly(tenant.name, cost_usd, time.time(),
-                                                                       tenant.anomaly.k)) is not None:
+        rate = None if ctx.probe or cost_usd <= 0 else self.baselines.spend_rate_anomaly(
+            tenant.name, cost_usd, time.time(), tenant.anomaly.k)
+        if rate is not None:
             self.alerts.raise_alert("spend_rate", "alert", webhook, tenant=tenant.name,
                                     hour_usd=round(rate[0], 6), usual_hourly_usd=round(rate[1], 6))
         now = time.time()
