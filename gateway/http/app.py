@@ -18,14 +18,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway import pipeline
-from gateway.auth import identify
+from gateway.auth import identify, token_matches
 from gateway.batches.audit import CacheAuditor
 from gateway.batches.runner import BatchRunner
 from gateway.batches.store import open_batch_store
 from gateway.context import RequestContext
 from gateway.endpoints import BY_PATH, RETRIEVE, Endpoint
 from gateway.errors import ClientGone, GatewayError, InvalidRequest, NotFound
-from gateway.http import admin, batch_api, errors, gpu_reports, reports, reports_page, statements
+from gateway.http import admin, batch_api, errors, gpu_reports, keys_api, reports, reports_page, statements
 from gateway.http.asgi import AsgiSink, Receive, Scope, Send, read_body, request_headers, until_disconnect
 from gateway.http.guards import gateway_of, require_metrics_reader, tenant_of
 from gateway.http.responses import json_response
@@ -103,6 +103,11 @@ def authenticate(gw: Gateway, ctx: RequestContext, scope: Scope) -> dict[bytes, 
     if gw.tracer is not None:
         ctx.trace = gw.tracer.start(headers.get(b"traceparent"), headers.get(b"tracestate"))
     ctx.tenant, ctx.key_id = identify(headers.get(b"authorization"), ctx.snapshot)
+    probe = headers.get(b"x-tollgate-probe")
+    if probe is not None:  # only an operator's token marks a probe: a tenant cannot opt out of the anomaly rule
+        server = ctx.snapshot.policy.server
+        ctx.probe = any(token_matches(b"Bearer " + probe, expected) for expected in
+                        (server.metrics_token_sha256, server.admin_token_sha256))
     return headers
 
 
@@ -187,6 +192,7 @@ def create_app(store: PolicyStore, data_dir: Path | None = None, share: Share = 
             Route("/metrics", metrics, methods=["GET"]),
             Route(RETRIEVE.path, Retrieve(gw), methods=["GET"]),
             *admin.ROUTES,
+            *keys_api.ROUTES,
             *reports.ROUTES,
             *gpu_reports.ROUTES,
             *statements.ROUTES,
