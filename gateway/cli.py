@@ -279,7 +279,7 @@ def _print_gpu(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from gateway.http.reports import plain
+    from gateway.ledger.prices import plain
 
     console = Console()
     keys = list(dict.fromkeys([*report["group_by"], "worker"]))

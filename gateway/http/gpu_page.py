@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from html import escape
 from typing import Any
 
-from gateway.http.reports import plain
+from gateway.ledger.prices import plain
 
 
 def section(gpu: dict[str, Any], csv_range: str, tenant: str | None, names: Iterable[str]) -> str:

@@ -36,6 +36,7 @@ from starlette.routing import Route
 from gateway.errors import Conflict, InvalidRequest, Unavailable
 from gateway.http.guards import gateway_of, require_reader, tenant_of
 from gateway.http.responses import NOSNIFF, json_response
+from gateway.ledger.prices import plain
 from gateway.ledger.stores import COLUMNS, GROUPS, OPEN_END, OPEN_START, LedgerStore
 from gateway.ledger.times import sortable
 
@@ -238,14 +239,6 @@ def with_rates(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def plain(value: float | int | Decimal) -> str:
-    """A number as a plain decimal, never in exponent notation: the float's own shortest digits, with at least
-    two places (1e-05 reads 0.00001, 12 reads 12.00). The one money format of the page and the CSVs."""
-    number = value if isinstance(value, Decimal) else Decimal(repr(float(value)))
-    if not number.is_finite():
-        return str(number)
-    whole, _, places = format(number, "f").partition(".")
-    return f"{whole}.{places.ljust(2, '0')}"
 
 
 FORMULA = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet may read as the start of a formula

@@ -35,8 +35,9 @@ from gateway.errors import InvalidRequest, NotPermitted
 from gateway.http import gpu_page
 from gateway.http.asgi import read_body, request_headers
 from gateway.http.guards import gateway_of, holds_report_token, reads_reports, sessions_of
-from gateway.http.reports import every_tenant, parse_month, parse_tenant, plain, query, sum_rows, with_rates
+from gateway.http.reports import every_tenant, parse_month, parse_tenant, query, sum_rows, with_rates
 from gateway.http.sessions import COOKIE, over_tls, same_origin
+from gateway.ledger.prices import plain
 from gateway.ledger.stores import OPEN_END, LedgerStore
 from gateway.ledger.times import period_start, sortable
 from gateway.ops import gpu_costs

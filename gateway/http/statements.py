@@ -8,7 +8,7 @@ the workers' idle cost apart, the reconciliation, and the adjustments for closed
 page; no JavaScript, nothing fetched); ``csv`` is one table with a ``section`` column; ``xlsx`` is a workbook with
 a sheet per view (and one per tenant when all are shown), numbers as numbers. Downloads are named for the month
 and the tenant (``statement_2026-11_acme.csv``, ``statement_2026-11_all.xlsx``). Money in the page and the CSV is
-a plain decimal (``reports.plain``). A text cell that a spreadsheet would read as a formula (it starts with = + -
+a plain decimal (``gateway.ledger.prices.plain``). A text cell that a spreadsheet would read as a formula (it starts with = + -
 @, a tab or a carriage return) is neutralised: a leading ' in the CSV, a text cell with Excel's quote prefix in
 the workbook.
 
@@ -48,11 +48,11 @@ from gateway.http.reports import (
     ledger_store,
     parse_month,
     parse_tenant,
-    plain,
     query,
 )
 from gateway.http.responses import NOSNIFF, json_response
 from gateway.ledger import closes
+from gateway.ledger.prices import plain
 from gateway.ops import gpu_costs
 from gateway.runtime import Gateway
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import date
+from decimal import Decimal
 
 from gateway.policy.schema import Prices, PriceVersion
 
@@ -56,3 +57,13 @@ def recompute(prices: Prices, price_version: str, usage: Usage, service_class: s
     model, _, day = price_version.rpartition("@")
     version = next(v for v in prices.models[model] if v.effective.isoformat() == day)
     return cost(prices, version, usage, service_class, batch_line, cache_hit)
+
+
+def plain(value: float | int | Decimal) -> str:
+    """A number as a plain decimal, never in exponent notation: the float's own shortest digits, with at least
+    two places (1e-05 reads 0.00001, 12 reads 12.00). The one money format of the page and the CSVs."""
+    number = value if isinstance(value, Decimal) else Decimal(repr(float(value)))
+    if not number.is_finite():
+        return str(number)
+    whole, _, places = format(number, "f").partition(".")
+    return f"{whole}.{places.ljust(2, '0')}"

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.http.reports import plain
+from gateway.ledger.prices import plain
 from tests.conftest import DEMO_KEY, FINANCE_TOKEN, PREMIUM_KEY, Proc, on_shared_state, policy_dict, wait_for
 
 MODEL = "sim-llama-8b"

@@ -21,7 +21,8 @@ from starlette.requests import Request
 
 from gateway.errors import InvalidRequest
 from gateway.http.app import HotPaths, create_app
-from gateway.http.reports import cell, download_name, parse_tag, period_label, plain, time_range
+from gateway.http.reports import cell, download_name, parse_tag, period_label, time_range
+from gateway.ledger.prices import plain
 from gateway.ledger.stores import COLUMNS, OPEN_END, OPEN_START, PostgresLedger, SqliteLedger
 from gateway.policy.loader import PolicySnapshot, PolicyStore
 from gateway.policy.schema import Policy
