@@ -12,6 +12,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from workers.sim.answers import answer_until_gone
 from workers.sim.engine import Sequence
 
 if TYPE_CHECKING:
@@ -105,9 +106,7 @@ class ResponseGeneration:
         self.number = 0
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        from workers.sim.server import answer_until_gone
-
-        await answer_until_gone(self.server.engine, self.seq, self._stream(send) if self.body.get("stream")
+        await answer_until_gone(self.server.engine, [self.seq], self._stream(send) if self.body.get("stream")
                                 else self._answer(send), receive)
 
     def _final(self) -> dict[str, Any]:

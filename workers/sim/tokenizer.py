@@ -47,6 +47,12 @@ def token_ids(text: str) -> list[int]:
     return [zlib.crc32(p.encode()) % VOCAB_SIZE for p in _PIECE.findall(text)]
 
 
+def decode_ids(ids: Iterable[int]) -> str:
+    """Text for a prompt given as token ids: a vocabulary word per id, so it counts as exactly that many tokens
+    (the ids are not the crc32 ids of /tokenize: those cannot be turned back into text)."""
+    return "".join(" " + WORDS[i % len(WORDS)] for i in ids)
+
+
 def chat_prompt_text(messages: Iterable[Mapping[str, object]]) -> str:
     """The text the engine sees for a chat request: what the seed of the output derives from."""
     return "\n".join(f"{m.get('role', '')}: {message_text(m.get('content'))}" for m in messages)
@@ -77,7 +83,7 @@ def output_rng(seed: int, prompt_text: str) -> random.Random:
     return random.Random(int.from_bytes(digest.digest(), "little"))
 
 
-_COMMON = frozenset(WORDS)
+COMMON = _COMMON = frozenset(WORDS)
 TOPIC_SHARE = 1 / 3  # of an answer's tokens: a real model's answer repeats its question's words about this often
 
 
