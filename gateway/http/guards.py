@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
-from gateway.auth import identify, is_admin, token_matches
+from gateway.auth import admin_actor, identify, is_admin, token_matches
 from gateway.errors import NotAuthenticated, NotPermitted
 from gateway.http.asgi import request_headers
 from gateway.http.sessions import COOKIE, Sessions
@@ -28,11 +28,8 @@ def tenant_of(request: Request) -> TenantView:
 
 
 def require_admin(request: Request) -> None:
-    snapshot = gateway_of(request).store.current
-    if snapshot.policy.server.admin_token_sha256 is None:
-        raise NotPermitted("The admin API is disabled: set server.admin_token_sha256.", "admin_disabled")
-    if not is_admin(authorization(request), snapshot):
-        raise NotAuthenticated("A valid admin token is required.", "invalid_admin_token")
+    """The admin token: an unknown credential is 401, a known one of another role (finance, a tenant) 403."""
+    admin_actor(authorization(request), gateway_of(request).store.current)
 
 
 def sessions_of(request: Request) -> Sessions:

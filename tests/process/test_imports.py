@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     {"gateway.http.app"},
     {"gateway.http.reports_page"},
     {"gateway.http.gpu_reports", "gateway.http.gpu_page", "gateway.http.statements"},
-    {"gateway.http.admin", "gateway.http.reports", "gateway.http.batch_api"},
+    {"gateway.http.admin", "gateway.http.keys_api", "gateway.http.reports", "gateway.http.batch_api"},
     {"gateway.http.guards"},
     {"gateway.http.asgi", "gateway.http.responses", "gateway.http.errors"},
     {"gateway.batches.runner", "gateway.batches.audit"},

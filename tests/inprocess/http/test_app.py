@@ -96,7 +96,7 @@ def test_every_guarded_route_answers_in_the_openai_shape() -> None:
             return seen
     seen = asyncio.run(main())
     statuses = [status for _, status, _ in seen]
-    assert statuses == [401, 401, 401, 200, 403, 401, 409, 401, 200, 409, 404, 405, 400, 400], seen
+    assert statuses == [401, 403, 403, 200, 403, 401, 409, 401, 200, 409, 404, 405, 400, 400], seen
     codes = {what: body["error"]["code"] for what, status, body in seen if status >= 400}
     assert codes["GET /admin/queues []"] == "invalid_admin_token"
     assert codes["GET /admin/reports/costs ['authorization']"] in ("forbidden", "ledger_disabled")
