@@ -20,6 +20,7 @@ from workers.sim.engine import EngineConfig, Sequence, block_hashes
 from workers.sim.logprobs import MAX_LOGPROBS, Logprobs
 
 MAX_N = 16384  # vLLM's VLLM_MAX_N_SEQUENCES
+JSON_OBJECT = {"x-json-object": True}  # response_format json_object: the JSON the prompt asks for in words
 
 
 class BadRequest(Exception):
@@ -52,7 +53,11 @@ def plan(body: dict[str, Any], chat: bool, config: EngineConfig) -> tuple[Ask, l
         tools, tool_choice, parallel = [], "none", True
         prompts = _prompts(body.get("prompt"))
         last_role = "user"
-    schema = _structure(body)
+    schema = _structure(body, chat)
+    fenced = False
+    if chat and (schema == JSON_OBJECT or (schema is None and structured.wants_fenced_json(asked))):
+        fenced = schema is None
+        schema = structured.asked_schema([tokenizer.message_text(m.get("content")) for m in messages], asked)
     limits = _limits(body)
     if limits["priority"] and config.scheduling_policy != "priority":
         raise BadRequest("Priority scheduling is not enabled.", param="priority")
@@ -73,7 +78,8 @@ def plan(body: dict[str, Any], chat: bool, config: EngineConfig) -> tuple[Ask, l
             side = zlib.crc32(key.encode()) ^ (seed & 0xFFFFFFFF)  # seeds what is not the text itself
             script = None
             if tool_choice != "none" or schema is not None:
-                script = _script(tools, tool_choice, parallel, schema, question, last_role, random.Random(side))
+                script = _script(tools, tool_choice, parallel, schema, question, last_role, random.Random(side),
+                                 fenced)
             seq = Sequence(request_id=request_id if p == j == 0 else uuid.uuid4().hex, prompt_tokens=prompt.tokens,
                            max_tokens=max_tokens, rng=tokenizer.output_rng(seed, key), topic=words,
                            block_hashes=hashes, script=script.pieces if script else None, wake=wake, **limits)
@@ -287,7 +293,7 @@ def _is_tool(tool: object) -> bool:
             and isinstance(function.get("parameters", {}), dict | None))
 
 
-def _structure(body: dict[str, Any]) -> Any:
+def _structure(body: dict[str, Any], chat: bool) -> Any:
     """The JSON schema the content must follow ({"type": "object"} for json_object), or None for free text:
     ``response_format``, vLLM's ``structured_outputs`` (json or choice) and its older ``guided_json``."""
     form = body.get("response_format")
@@ -303,7 +309,7 @@ def _structure(body: dict[str, Any]) -> Any:
                                  param="response_format")
             return _schema(spec.get("schema", {"type": "object"}), "response_format")
         if kind == "json_object":
-            return {"type": "object"}
+            return JSON_OBJECT if chat else {"type": "object"}
         if kind not in ("text", "structural_tag"):
             raise BadRequest("'response_format.type' must be 'text', 'json_object', 'json_schema' or "
                              "'structural_tag'.", param="response_format")
@@ -333,8 +339,9 @@ def _schema(value: object, param: str) -> Any:
 
 
 def _script(tools: list[dict[str, Any]], tool_choice: Any, parallel: bool, schema: Any, question: str,
-            last_role: str, rng: random.Random) -> structured.Script | None:
-    """What one choice writes: its tool calls, its structured content, or nothing scripted (free text)."""
+            last_role: str, rng: random.Random, fenced: bool = False) -> structured.Script | None:
+    """What one choice writes: its tool calls, its structured content (in a ```json block when the question
+    asked for one), or nothing scripted (free text)."""
     try:
         if tool_choice != "none":
             chosen = structured.choose(tools, tool_choice, parallel, question, last_role)
@@ -345,7 +352,10 @@ def _script(tools: list[dict[str, Any]], tool_choice: Any, parallel: bool, schem
             return None
         if isinstance(schema, dict) and schema.get("x-text"):
             return structured.text_script(structured.Words.of(question, rng).named(schema["enum"]))
-        return structured.json_script(structured.instance(schema, structured.Words.of(question, rng)))
+        value = structured.instance(schema, structured.Words.of(question, rng))
+        if fenced:
+            return structured.text_script("```json\n" + json.dumps(value, ensure_ascii=False) + "\n```")
+        return structured.json_script(value)
     except structured.SchemaError as exc:
         raise BadRequest(f"The JSON schema cannot be satisfied: {exc}.",
                          param="tools" if tool_choice != "none" else "response_format") from None

@@ -16,6 +16,7 @@ and parameter names, so the same request always calls the same tool.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
@@ -35,7 +36,12 @@ _SPLIT = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 _STOP = frozenset(
     "please tell give show find get list explain describe want need would could can should what which who whom "
     "whose when where why how does did do is are was were be been the a an and or but of to in on at for with "
-    "about from by me my mine i you your we our us it its this that these those there here some any each".split())
+    "about from by me my mine i you your we our us it its this that these those there here some any each "
+    "extract return respond answer output format json schema json_schema correct response codeblock code block "
+    "name provide parse parsed key keys field fields value values object instance".split())
+_KEYS = re.compile(r"\b(?:keys?|fields?|properties|attributes)\b\s*(?:named|called|:)?\s*([^.;:!?\n]*)", re.I)
+_NUMERIC_KEYS = frozenset("age year years count number amount price total quantity size score rating id index "
+                          "n population height weight length width".split())
 _FORMATS = {
     "date": lambda rng: f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
     "date-time": lambda rng: f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T{rng.randint(0, 23):02d}:"
@@ -200,7 +206,11 @@ class Instance:
         extra = schema.get("additionalProperties", True)
         out: dict[str, Any] = {}
         for key, sub in properties.items():
-            if key in required or depth < SHALLOW:
+            if key in required:
+                out[key] = self.make(sub, depth + 1)
+            elif isinstance(sub, dict) and "default" in sub:
+                out[key] = copy.deepcopy(sub["default"])  # what a model leaves out, the client fills in
+            elif depth < SHALLOW:
                 out[key] = self.make(sub, depth + 1)
         for key in required:
             if key not in out:
@@ -237,6 +247,9 @@ class Instance:
                 if not schema.get("uniqueItems") or value not in out:
                     break
                 value = self.make(sub, depth + 1)
+            if schema.get("uniqueItems") and value in out and isinstance(sub, dict):
+                options = self._flat(sub, depth).get("enum") or ()
+                value = next((o for o in options if o not in out), value)
             if schema.get("uniqueItems") and value in out:
                 if len(out) >= low:
                     break
@@ -356,14 +369,76 @@ def _matches(term: str, words: set[str]) -> bool:
 
 
 def relevant(tools: list[dict[str, Any]], text: str) -> list[tuple[int, set[str]]]:
-    """The tools (their index, the prompt words they matched) the text asks for, most matched first."""
-    words = {_stem(w) for w in _WORD.findall(text) if w.casefold() not in _STOP and len(w) >= 3}
+    """The tools (their index, the prompt words they matched) the text asks for, most matched first; a prompt
+    with as many numbers as a tool has parameters, all of them numbers, asks for that tool too ("6 times 7")."""
+    found = _WORD.findall(text)
+    words = {_stem(w) for w in found if w.casefold() not in _STOP and len(w) >= 3}
+    numbers = sum(w[0].isdigit() for w in found)
     scored = []
     for i, tool in enumerate(tools):
         hit = {t for t in tool_terms(tool["function"]) if _matches(t, words)}
+        needed = _numeric_parameters(tool["function"])
+        if needed and numbers >= needed:
+            hit.add("#numbers")
         if hit:
-            scored.append((-len(hit), i, hit))
+            scored.append((-_weight(hit), i, hit))
     return [(i, hit) for _, i, hit in sorted(scored)]
+
+
+def _weight(hit: set[str]) -> int:
+    return len(hit) + ("#numbers" in hit)  # numbers that fill every parameter say more than one shared word
+
+
+def _numeric_parameters(function: dict[str, Any]) -> int:
+    """How many parameters a tool takes if all it requires are numbers, else 0."""
+    parameters = function.get("parameters")
+    if not isinstance(parameters, dict) or not isinstance(parameters.get("properties"), dict):
+        return 0
+    required = [k for k in parameters.get("required") or () if k in parameters["properties"]]
+    kinds = [parameters["properties"][k].get("type") if isinstance(parameters["properties"][k], dict) else None
+             for k in required]
+    return len(kinds) if kinds and all(k in ("integer", "number") for k in kinds) else 0
+
+
+# -- JSON a prompt asks for without a schema of the request's own ------------------------------------------------
+
+def asked_schema(texts: list[str], question: str) -> dict[str, Any]:
+    """The schema of the JSON a prompt asks for in words: one written into a message (instructor's JSON modes put
+    the model's schema in the system prompt), else an object of the keys the question names ("as JSON with keys
+    name and age"), else ``{"answer": ...}``."""
+    for text in texts:
+        found = schema_in(text)
+        if found is not None:
+            return found
+    match = _KEYS.search(question)
+    keys = [k for k in re.split(r"\s*(?:,|\band\b|\bor\b)\s*", match.group(1)) if k] if match else []
+    keys = [k.strip("`'\" ") for k in keys if re.fullmatch(r"[`'\"]?[A-Za-z_]\w*[`'\"]?", k.strip())][:12]
+    if not keys:
+        return {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    properties = {k: {"type": "integer" if k.casefold() in _NUMERIC_KEYS else "string"} for k in keys}
+    return {"type": "object", "properties": properties, "required": keys}
+
+
+def schema_in(text: str, limit: int = 100_000) -> dict[str, Any] | None:
+    """The first JSON object in ``text`` that reads as a JSON schema (it has properties, or $defs)."""
+    decoder = json.JSONDecoder()
+    at = text.find("{", 0, limit)
+    while at >= 0:
+        try:
+            value, end = decoder.raw_decode(text, at)
+        except ValueError:
+            at = text.find("{", at + 1, limit)
+            continue
+        if isinstance(value, dict) and ("properties" in value or "$defs" in value or "definitions" in value):
+            return value
+        at = text.find("{", end, limit)
+    return None
+
+
+def wants_fenced_json(question: str) -> bool:
+    """The question asks for JSON in a markdown code block (instructor's MD_JSON mode, and people)."""
+    folded = question.casefold()
+    return "```json" in folded or "json codeblock" in folded or "json code block" in folded
 
 
 @dataclass
@@ -376,7 +451,8 @@ class Call:
 def choose(tools: list[dict[str, Any]], choice: Any, parallel: bool, text: str, last_role: str) -> list[int]:
     """Which tools a request calls: a named one; for "required" the most relevant (the first if none is); for
     "auto" the most relevant when the last message is the user's and some tool matches (after a tool's result,
-    the model answers in words); two when two match and parallel calls are allowed."""
+    the model answers in words); two when two match as well, on words of their own, and parallel calls are
+    allowed."""
     if choice == "none":
         return []
     if isinstance(choice, dict):
@@ -388,7 +464,8 @@ def choose(tools: list[dict[str, Any]], choice: Any, parallel: bool, text: str, 
     if not ranked:
         return [0] if choice == "required" else []
     chosen = [ranked[0][0]]
-    if parallel and len(ranked) > 1 and ranked[1][1] - ranked[0][1]:
+    if parallel and len(ranked) > 1 and _weight(ranked[1][1]) == _weight(ranked[0][1]) and \
+            ranked[1][1] - ranked[0][1]:
         chosen.append(ranked[1][0])
     return chosen
 
