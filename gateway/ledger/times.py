@@ -6,7 +6,7 @@ PostgreSQL alike), so every writer and every query bound must format it here: fi
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 
 _day: tuple[int, date] = (-1, date(1970, 1, 1))
 
@@ -41,3 +41,12 @@ def period_start(period: str, now: float) -> str:
     if period == "month":
         start = start.replace(day=1)
     return sortable(start)
+
+
+def period_end(period: str, now: float) -> str:
+    """Where the budget period holding ``now`` ends (the next one's start), in the ledger's format."""
+    start = datetime.fromisoformat(period_start(period, now))
+    if period == "month":
+        index = start.year * 12 + start.month
+        return sortable(start.replace(year=index // 12, month=index % 12 + 1))
+    return sortable(start + timedelta(days=1))

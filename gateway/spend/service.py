@@ -33,6 +33,7 @@ from gateway.errors import InvalidRequest, OverBudget
 from gateway.keys.model import own_budget
 from gateway.ledger import prices as pricing
 from gateway.ledger import times
+from gateway.ledger.prices import plain
 from gateway.ledger.stores import OPEN_END, LedgerStore
 from gateway.openai_api import Call, clamp_output
 from gateway.ops.metrics import GatewayMetrics
@@ -56,6 +57,23 @@ class Reservation:
     budget: Budget
     scope: str  # the tenant's name, or "#<key id>" for a key's own budget
     then: Reservation | None = None  # the request's other reservation (the tenant's and its key's)
+
+
+def refusal(who: str, budget: Budget, spent: int, reserved: int, worst_usd: float, now: float) -> str:
+    """Why a request was refused, in plain words and plain decimals: what is left of the budget against what
+    this request could cost at most (its reservation), not "has used its budget" when nothing was spent."""
+    limit = budget.limit_usd
+    left = max(0.0, limit - (spent + reserved) / NANO)
+    period = {"day": "daily", "month": "monthly"}.get(budget.period, budget.period)
+    resets = datetime.fromisoformat(times.period_end(budget.period, now)).strftime("%Y-%m-%d %H:%M UTC")
+    held = f", and {plain(round(reserved / NANO, 6))} is held by requests in flight" if reserved else ""
+    if left <= 0:
+        return (f"{who} has nothing left of its {period} budget of {plain(limit)} USD "
+                f"({plain(round(spent / NANO, 6))} spent{held}); it resets at {resets}.")
+    return (f"{who} has {plain(round(left, 6))} USD left of its {period} budget of {plain(limit)} USD "
+            f"({plain(round(spent / NANO, 6))} spent{held}), and this request could cost up to "
+            f"{plain(round(worst_usd, 6))} USD (its prompt and max_tokens at the model's price). Lower max_tokens "
+            f"or the prompt, or wait until the budget resets at {resets}.")
 
 
 def _held(reservation: object | None) -> list[Reservation]:
@@ -200,15 +218,10 @@ class Spend:
         if scope == tenant.name:
             self.metrics.child(self.metrics.budget_remaining, tenant.name).set((limit - spent - reserved) / NANO)
         if not granted and scope != tenant.name:
-            raise OverBudget(f"API key '{scope[1:]}' of tenant '{tenant.name}' has used its own budget of "
-                             f"${budget.limit_usd:g} per {budget.period} (spent ${spent / NANO:.6f}, "
-                             f"${reserved / NANO:.6f} reserved by requests in flight); this request could cost "
-                             f"up to ${worst_usd:.6f}.")
+            raise OverBudget(refusal(f"API key '{scope[1:]}' of tenant '{tenant.name}'", budget, spent, reserved,
+                                     worst_usd, now))
         if not granted:
-            raise OverBudget(f"Tenant '{tenant.name}' has used its {budget.period}ly budget of "
-                           f"${budget.limit_usd:g} (spent ${spent / NANO:.6f}, ${reserved / NANO:.6f} reserved by "
-                           "requests in flight); this request could cost up to "
-                           f"${worst_usd:.6f}.")
+            raise OverBudget(refusal(f"Tenant '{tenant.name}'", budget, spent, reserved, worst_usd, now))
         return Reservation(key, rid, amount, budget, scope)
 
     async def _seed_baseline(self, tenant: str, now: float) -> None:
