@@ -38,7 +38,9 @@ _STOP = frozenset(
     "whose when where why how does did do is are was were be been the a an and or but of to in on at for with "
     "about from by me my mine i you your we our us it its this that these those there here some any each "
     "extract return respond answer output format json schema json_schema correct response codeblock code block "
-    "name provide parse parsed key keys field fields value values object instance".split())
+    "name provide parse parsed key keys field fields value values object instance summarize compare translate "
+    "write create make search look check calculate compute convert send schedule set add remove delete update "
+    "hello hi hey thanks thank ok okay yes no".split())
 _KEYS = re.compile(r"\b(?:keys?|fields?|properties|attributes)\b\s*(?:named|called|:)?\s*([^.;:!?\n]*)", re.I)
 _NUMERIC_KEYS = frozenset("age year years count number amount price total quantity size score rating id index "
                           "n population height weight length width".split())
@@ -73,25 +75,26 @@ class Words:
     @classmethod
     def of(cls, text: str, rng: random.Random, exclude: Iterable[str] = (),
            anchors: Iterable[str] = ()) -> Words:
-        """Content words of ``text`` without ``exclude`` (a tool's own terms), proper nouns first, then those
-        nearest an ``anchor`` (the words that chose the tool), then by position."""
+        """Content words of ``text`` without ``exclude`` (a tool's own terms): capitalised ones (names, places)
+        first, each group nearest an ``anchor`` (the words that chose the tool) first, then by position."""
         tokens = _WORD.findall(text)
         excluded = {_stem(w) for w in exclude}
         anchored = {_stem(w) for w in anchors}
         marks = [i for i, t in enumerate(tokens) if _stem(t) in anchored]
         seen: set[str] = set()
-        found: list[tuple[float, bool, int, str]] = []
+        found: list[tuple[bool, float, int, str]] = []
         numbers: list[float] = []
         for i, token in enumerate(tokens):
             if token[0].isdigit():
                 numbers.append(float(token))
                 continue
             key = token.casefold()
-            if key in seen or key in _STOP or key in tokenizer.COMMON or _stem(token) in excluded:
+            head = key.split("'")[0]  # "what's" is "what"
+            if key in seen or head in _STOP or head in tokenizer.COMMON or _stem(token) in excluded:
                 continue
             seen.add(key)
             distance = min((i - m if i > m else m - i + 0.5 for m in marks), default=0)  # after it first
-            found.append((distance, not token[0].isupper(), i, token))
+            found.append((not token[0].isupper(), distance, i, token))
         return cls([w for *_, w in sorted(found)], numbers, rng)
 
     def word(self) -> str:
