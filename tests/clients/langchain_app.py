@@ -26,12 +26,21 @@ class Person(BaseModel):
     age: int = Field(ge=0, le=150)
 
 
+async def asynchronously() -> None:
+    """ainvoke and astream, as an async service calls them: its own ChatOpenAI in its own event loop (the async
+    client a ChatOpenAI keeps is bound to the loop that first used it)."""
+    llm = ChatOpenAI(base_url=URL, api_key=KEY, model=MODEL, max_retries=0, temperature=0.7)
+    assert (await llm.ainvoke("Say hi.")).content
+    assert "".join([chunk.content async for chunk in llm.astream("Count to three.")]), "the async stream was empty"
+    person = await llm.with_structured_output(Person).ainvoke("Bob is 40.")
+    assert isinstance(person, Person), person
+
+
 def main() -> None:
     llm = ChatOpenAI(base_url=URL, api_key=KEY, model=MODEL, max_retries=0, temperature=0.7)
     answer = llm.invoke("Say hello in one sentence.")
     assert answer.content and answer.response_metadata["finish_reason"] == "stop", answer
     assert "".join(chunk.content for chunk in llm.stream("Count to five.")), "the stream carried no text"
-    assert asyncio.run(llm.ainvoke("Say hi.")).content
 
     with_tools = llm.bind_tools([get_weather])
     called = with_tools.invoke("What is the weather in Paris?")
@@ -50,8 +59,7 @@ def main() -> None:
         person = llm.with_structured_output(Person, method=method).invoke(
             "Alice is 31 years old. Extract the person as JSON with keys name and age.")
         assert isinstance(person, Person), (method, person)
-    person = asyncio.run(llm.with_structured_output(Person).ainvoke("Bob is 40."))
-    assert isinstance(person, Person)
+    asyncio.run(asynchronously())
     print("langchain: ok")
 
 
