@@ -1,5 +1,6 @@
 """The GPU report's measure against a real vLLM engine's own time: the spans the ledger keeps of each request on
-its worker, summed, against the engine's own end-to-end request time; and the tenants' shares."""
+its worker, summed, against the engine's own end-to-end request time; and the tenants' shares of moments they
+ran in together (each moment's cost shared among the sequences running)."""
 
 from __future__ import annotations
 
@@ -36,9 +37,12 @@ def test_the_ledger_spans_agree_with_the_engines_own_time(vllm_server: Any,
                 for i in range(n):
                     await ask(key, tokens, lane * 100 + i)
 
-            # lanes of 720 tokens each, all in the engine's batch together to the end: demo one lane of short
-            # answers, prem three of long ones (three times the decode tokens)
-            await asyncio.gather(lane(DEMO_KEY, 40, 18, 0), *(lane(PREMIUM_KEY, 120, 6, n) for n in (1, 2, 3)))
+            # four lanes of the same work, in the engine's batch together to the end: demo one, prem three. Lanes
+            # of unequal request counts (the benchmark's three times the decode tokens, loadtest/RESULTS.md) end
+            # apart on a loaded machine, where a lane of many short requests waits between them, and the last
+            # lane running alone rightly pays the whole of those moments: a share this test would read as noise
+            await asyncio.gather(*(lane(key, 120, 6, n) for n, key in
+                                   enumerate((DEMO_KEY, PREMIUM_KEY, PREMIUM_KEY, PREMIUM_KEY))))
 
     asyncio.run(traffic())
     end = time.time()
@@ -51,7 +55,7 @@ def test_the_ledger_spans_agree_with_the_engines_own_time(vllm_server: Any,
     def settled() -> bool:
         nonlocal out
         out = httpx.get(gateway.url + "/admin/reports/gpu", params=window, headers=finance, timeout=30).json()
-        return out["total"]["requests"] == 36
+        return out["total"]["requests"] == 24
 
     assert wait_for(settled, timeout=20), out
     records = httpx.get(gateway.url + "/admin/ledger", params=window, headers=finance, timeout=30).json()["data"]
