@@ -36,7 +36,7 @@ from gateway.transport.http1 import Response
 from gateway.upstream.dispatch import dispatch
 from gateway.upstream.errors import UpstreamFailed, worker_errors
 from gateway.upstream.pools import UpstreamPool
-from gateway.upstream.relay import Relayed, relay_body, relay_stream
+from gateway.upstream.relay import Relayed, Rename, relay_body, relay_stream, renaming
 
 log = logging.getLogger("tollgate.pipeline")
 
@@ -127,13 +127,15 @@ async def fresh(gw: Gateway, ctx: RequestContext, call: openai_api.Call, sink: S
     """The answer from a worker: admitted by the scheduler, exchanged, counted, its slot given back."""
     assert ctx.tenant is not None
     pool, admission = await admit(gw, ctx, call)
+    shown = ctx.served_model or ""
+    worker_model = call.route.upstream_model or shown  # the name the body goes to the worker with (serialise)
     ended = None
     try:  # from here on the scheduler's slot is this request's: every exit gives it back
         payload = await openai_api.serialise(call, ctx.service_class)
         affinity = pool.router.affinity(call.body, session)
         await exchange(ctx, pool, payload, sink, relayed, (call.wants_usage, call.wants_continuous_usage),
                        gw.scheduler, admission, affinity, capture=decision is not None and decision.keep_answer,
-                       pinned=pinned)
+                       pinned=pinned, rename=renaming(worker_model, shown))
     except BaseException as exc:
         ended = exc
         raise
@@ -142,7 +144,8 @@ async def fresh(gw: Gateway, ctx: RequestContext, call: openai_api.Call, sink: S
         gw.scheduler.release(ctx, admission, ended)
         if ctx.endpoint.homed and ctx.worker is not None and sink.status is not None:  # where a follow-up must go
             start = relayed.head if ctx.stream else (relayed.captured or b"")[:512]
-            gw.responses.remember(start, Home(ctx.tenant.name, pool.name, ctx.worker, conversation(ctx, call)))
+            gw.responses.remember(start, Home(ctx.tenant.name, pool.name, ctx.worker, conversation(ctx, call),
+                                              shown, worker_model))
 
 
 GRACE_S = 0.010  # what a fresh answer's head may wait for a semantic lookup about to end (the issue's bound: 15 ms)
@@ -246,15 +249,16 @@ async def retrieve(gw: Gateway, ctx: RequestContext, rid: str, sink: Sink) -> No
                                "response_not_found")
             if 200 <= response.status < 300 and encoded(response):
                 raise UpstreamFailed("head", "a compressed stored response")
-            await relay_body(ctx, worker, response, sink, Relayed(), pool.spec.cooldown_s)
+            rename = renaming(home.worker_model, home.model) if home.model else None
+            await relay_body(ctx, worker, response, sink, Relayed(), pool.spec.cooldown_s, rename)
 
 
 async def admit(gw: Gateway, ctx: RequestContext, call: openai_api.Call) -> tuple[UpstreamPool, PoolState]:
     """Admit the request to its model's pool; when that pool has no healthy worker or sheds the request, to the
     first of the model's fallbacks that the tenant may use and whose context window fits the request (batch
     lines only where the route allows it). A fallback is priced and reserved as itself, and the answer names it
-    (``ctx.answered_by``: the X-Tollgate-Model header, the ledger, the log). Returns the pool with the
-    scheduler's handle on the request's slot in it, for ``release``."""
+    (``ctx.answered_by``: the X-Tollgate-Model header, the answer's ``model``, the ledger, the log). Returns the
+    pool with the scheduler's handle on the request's slot in it, for ``release``."""
     route, tried = call.route, {ctx.model}
     while True:
         pool = gw.upstreams.pools.get(route.pool)
@@ -295,9 +299,11 @@ def _fallback(ctx: RequestContext, call: openai_api.Call, tried: set[str | None]
 
 async def exchange(ctx: RequestContext, pool: UpstreamPool, payload: bytes, sink: Sink, relayed: Relayed,
                    usage: tuple[bool, bool], scheduler: Controller, admission: PoolState,
-                   affinity: Affinity | None = None, capture: bool = False, pinned: str | None = None) -> None:
+                   affinity: Affinity | None = None, capture: bool = False, pinned: str | None = None,
+                   rename: Rename | None = None) -> None:
     """Dispatch to a worker (``pinned``: only that one) and relay its answer to the sink; ``relayed`` learns what
-    went by. ``admission``: what ``scheduler.admit`` returned for the request."""
+    went by. ``admission``: what ``scheduler.admit`` returned for the request; ``rename``: the answer's model
+    member as the worker writes it and as the client is shown it, where they differ."""
     room = scheduler.with_room(admission, ctx.snapshot.policy.scheduling)
     async with dispatch(ctx, pool, ctx.endpoint.path, payload, affinity, pinned, room) as (worker, response):
         if 200 <= response.status < 300 and encoded(response):
@@ -305,9 +311,10 @@ async def exchange(ctx: RequestContext, pool: UpstreamPool, payload: bytes, sink
         if ctx.stream and response.status == 200:
             first = functools.partial(scheduler.first_token, ctx, admission, worker,
                                       ctx.snapshot.policy.scheduling)
-            await relay_stream(ctx, worker, response, sink, relayed, usage, pool.spec.cooldown_s, capture, first)
+            await relay_stream(ctx, worker, response, sink, relayed, usage, pool.spec.cooldown_s, capture, first,
+                               rename)
         else:
-            await relay_body(ctx, worker, response, sink, relayed, pool.spec.cooldown_s)
+            await relay_body(ctx, worker, response, sink, relayed, pool.spec.cooldown_s, rename)
 
 
 def encoded(response: Response) -> bool:

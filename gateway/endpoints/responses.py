@@ -1,5 +1,5 @@
-"""POST /v1/responses and GET /v1/responses/{id}: the Responses API, whose answers live on the worker that
-made them.
+"""POST /v1/responses, GET and DELETE /v1/responses/{id}: the Responses API, whose answers live on the worker
+that made them.
 
 vLLM keeps a response's state in the memory of the server that made it, so a follow-up naming it
 (``previous_response_id``) and a retrieve by id must reach that same worker. Where each lives is remembered in
@@ -7,6 +7,11 @@ this process (``ResponseHomes``), bounded (the oldest forgotten first), each wit
 only by the tenant that made it. Replicas behind a load balancer need a follow-up to reach the replica that made
 its predecessor (the session affinity of deploy/), or it is refused as unknown, clearly, never sent elsewhere.
 Its answers are not cached: one may hold state on its worker.
+
+A delete (``forget``) is the gateway's alone: vLLM serves no DELETE for a stored response (its routes are the
+POST, the GET and POST .../cancel), so the worker keeps its copy, in memory, until it restarts. The gateway
+forgets where it lives, so it never relays it again: a retrieve is a 404 and a follow-up naming it is refused
+as unknown, as for a response this process never made.
 """
 
 from __future__ import annotations
@@ -101,6 +106,8 @@ class Home:
     # the conversation's tokens so far, which the worker puts before a follow-up's prompt: what the follow-up's
     # reservation must add to its own (pipeline.conversation)
     tokens: int = 0
+    model: str = ""  # the policy's model that answered, as the client was shown it ("" before it was kept)
+    worker_model: str = ""  # the name the worker knows it by (its upstream_model), written in the stored copy
 
 
 class ResponseHomes:
@@ -126,6 +133,14 @@ class ResponseHomes:
         """Where the response ``rid`` of ``tenant`` lives; None if this process did not make it for them."""
         home = self._homes.get(rid)
         return home if home is not None and home.tenant == tenant else None
+
+    def forget(self, rid: str, tenant: str) -> bool:
+        """Forget the response ``rid`` of ``tenant`` (a client deleted it); False if it was not known for them,
+        another tenant's included."""
+        if self.find(rid, tenant) is None:
+            return False
+        del self._homes[rid]
+        return True
 
     def of_previous(self, body: dict[str, Any], tenant: str) -> Home | None:
         """Where a follow-up must go (the worker that made its previous response) and the conversation it

@@ -4,6 +4,10 @@ Streams are forwarded as they arrive: each upstream read goes out in one write a
 event boundary (vLLM writes whole events, so in practice every read), and only the usage event is parsed.
 A client that leaves cancels the relay; the dispatch then closes the upstream response, which drops the
 connection, so vLLM aborts the request and frees its KV blocks.
+
+An answer names the model of the policy that served it, never the name the workers know it by (a model's
+``upstream_model``, or a fallback's): where the two differ (``renaming``), its ``"model"`` member is rewritten
+as bytes on the way (``Rename``), with no parse and no re-serialisation. Where they agree, nothing is done.
 """
 
 from __future__ import annotations
@@ -32,6 +36,35 @@ log = logging.getLogger("tollgate.upstream")
 # A stream is copied for the cache up to this many times the largest entry the cache stores: its SSE framing and
 # per-chunk usage are many times the text it carries, and a copy past that is never stored anyway.
 CAPTURE_PER_ENTRY = 4
+
+@dataclass(frozen=True, slots=True)
+class Rename:
+    """The rewrite of an answer's ``model`` member from the name the worker serves to the one the client is
+    shown. The member is found with any spacing JSON allows (vLLM writes compact JSON, another server may not);
+    inside a string a quote is escaped, so text that spells the member is never taken for it."""
+
+    member: re.Pattern[bytes]
+    shown: bytes
+
+    def __call__(self, data: bytes, count: int = 0) -> bytes:
+        return self.member.sub(lambda _: self.shown, data, count)
+
+
+def renaming(worker_model: str, shown: str) -> Rename | None:
+    """The rewrite from the worker's name to ``shown``; None when they agree."""
+    if worker_model == shown:
+        return None
+    return Rename(re.compile(rb'"model"\s*:\s*' + re.escape(orjson.dumps(worker_model))),
+                  b'"model":' + orjson.dumps(shown))
+
+
+def renamed(body: bytes, rename: Rename | None) -> bytes:
+    """A whole answer with its model member rewritten. A large answer (embeddings: tens of MB of vectors) has
+    one member of its own: only the first is rewritten, and the search stops there."""
+    if rename is None:
+        return body
+    return rename(body) if len(body) <= LARGE_BODY else rename(body, 1)
+
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                 (b"x-accel-buffering", b"no")]
@@ -78,11 +111,12 @@ class Relayed:
 
 async def relay_stream(ctx: RequestContext, worker: Worker, response: Response, sink: Sink,
                        relayed: Relayed, usage: tuple[bool, bool], cooldown_s: float, capture: bool = False,
-                       first_token: Callable[[int, float], None] | None = None) -> None:
+                       first_token: Callable[[int, float], None] | None = None, rename: Rename | None = None) -> None:
     """Forward an SSE answer. The response head waits for the first upstream byte (it carries Server-Timing).
 
     ``usage`` is what the client asked for: (the final usage event, usage on every chunk). ``first_token`` hears
-    the engine's TTFT and the requests on the worker when the first byte comes. A worker that fails
+    the engine's TTFT and the requests on the worker when the first byte comes. ``rename``: every event's model
+    member, rewritten after the tap (whole events: a member never straddles two writes). A worker that fails
     mid-stream: what it sent is flushed, the stream left open, and UpstreamFailed raised (the sink ends the
     stream with an SSE error event and [DONE])."""
     splitter = sse.EventSplitter()
@@ -115,17 +149,18 @@ async def relay_stream(ctx: RequestContext, worker: Worker, response: Response, 
                     relayed.last_at = now  # vLLM writes the usage event together with the last token
                     out = tap(out)
                     if out:
-                        await sink.send(out, more=True)
+                        await sink.send(out if rename is None else rename(out), more=True)
                 chunk = await response.readany()
         response.release()  # finished: the connection goes back to the pool
         relayed.answered = True
     except UpstreamFailed as exc:
         failure = exc
+    pending = splitter.pending if rename is None else rename(splitter.pending)
     if failure is not None:
-        if splitter.pending:
-            await sink.send(splitter.pending, more=True)
+        if pending:
+            await sink.send(pending, more=True)
         raise failure
-    await sink.send(splitter.pending, more=False)
+    await sink.send(pending, more=False)
     if captured is not None:
         relayed.captured = b"".join(captured)
 
@@ -186,9 +221,10 @@ def _worker_complaint(body: bytes) -> str:
 
 
 async def relay_body(ctx: RequestContext, worker: Worker, response: Response, sink: Sink,
-                     relayed: Relayed, cooldown_s: float) -> None:
-    """Forward a whole answer. A worker's 4xx (a complaint about the request) becomes the gateway's own error
-    with the worker's message; a 5xx becomes the gateway's own 502, naming nothing internal."""
+                     relayed: Relayed, cooldown_s: float, rename: Rename | None = None) -> None:
+    """Forward a whole answer (its model member rewritten by ``rename``; the cache's copy is the worker's). A
+    worker's 4xx (a complaint about the request) becomes the gateway's own error with the worker's message; a
+    5xx becomes the gateway's own 502, naming nothing internal."""
     with worker_errors(worker, "head", cooldown_s):
         body = await response.read()
     response.release()
@@ -208,6 +244,7 @@ async def relay_body(ctx: RequestContext, worker: Worker, response: Response, si
             log.warning("worker %s sent a non-JSON 200 body", worker.url)
             raise UpstreamFailed("head", "non-JSON 200 body") from None
         relayed.captured = body
+        body = renamed(body, rename)
     await sink.start(status, [
         *ctx.response_headers(),
         (b"content-type", response.header(b"content-type") or b"application/json"),

@@ -11,7 +11,11 @@ from gateway import pipeline, sse
 from gateway.context import RequestContext
 from gateway.endpoints import CHAT, RESPONSES
 from gateway.errors import UpstreamFailed
+from gateway.policy.loader import PolicySnapshot, PolicyStore
+from gateway.policy.schema import Policy
+from gateway.runtime import Gateway
 from gateway.sink import BufferSink
+from tests.conftest import policy_dict
 from tests.fakes import (
     MODEL,
     FakeWorker,
@@ -298,4 +302,30 @@ def test_the_worker_gets_the_tenants_cache_salt_never_the_clients() -> None:
             assert sink.status == 200 and w.requests[-1]["cache_salt"] not in (demo, prem)
             ctx, sink = await call(gw, chat(cache_salt=""), tenant="prem")
             assert (sink.status, ctx.error) == (400, "invalid_value") and len(w.requests) == 4
+    asyncio.run(main())
+
+
+def test_an_answer_names_the_policys_model_never_the_name_its_workers_serve() -> None:
+    """A model served under another name upstream (``upstream_model``) is named as the client asked for it, whole
+    and streamed, with the text untouched; a model served under its own name passes as the worker wrote it."""
+    async def main() -> None:
+        body = completion_json(text='say "model":"sim-llama-8b" here')
+        async with FakeWorker(json_of(body)) as whole, FakeWorker(stream_of(["a", "b"])) as streamed:
+            for worker, stream in ((whole, False), (streamed, True)):
+                policy = policy_dict([worker.url])
+                policy["models"]["public-name"] = {"pool": "main", "upstream_model": MODEL}
+                gw = Gateway(PolicyStore(PolicySnapshot.build(Policy.model_validate(policy), "test")))
+                async with gw.lifespan():
+                    _, sink = await call(gw, chat(stream=stream, model="public-name"))
+                    assert worker.requests[-1]["model"] == MODEL, "the worker is asked by its own name"
+                    _, own_sink = await call(gw, chat(stream=stream))
+                if stream:
+                    shown = [orjson.loads(e)["model"] for e in events(sink) if e != sse.DONE]
+                    assert shown and set(shown) == {"public-name"}, shown
+                    assert {orjson.loads(e)["model"] for e in events(own_sink) if e != sse.DONE} == {MODEL}
+                else:
+                    answer = orjson.loads(sink.body)
+                    assert answer["model"] == "public-name"
+                    assert answer["choices"][0]["message"]["content"] == body["choices"][0]["message"]["content"]
+                    assert orjson.loads(own_sink.body)["model"] == MODEL
     asyncio.run(main())
