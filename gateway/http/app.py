@@ -25,7 +25,7 @@ from gateway.batches.store import open_batch_store
 from gateway.context import RequestContext
 from gateway.endpoints import BY_PATH, RETRIEVE, Endpoint
 from gateway.errors import ClientGone, GatewayError, InvalidRequest, NotFound
-from gateway.http import admin, batch_api, errors, gpu_reports, keys_api, reports, reports_page, statements
+from gateway.http import admin, batch_api, errors, gpu_reports, keys_api, objects, reports, reports_page, statements
 from gateway.http.asgi import AsgiSink, Receive, Scope, Send, read_body, request_headers, until_disconnect
 from gateway.http.guards import gateway_of, require_metrics_reader, tenant_of
 from gateway.http.responses import json_response
@@ -114,8 +114,7 @@ def authenticate(gw: Gateway, ctx: RequestContext, scope: Scope) -> dict[bytes, 
 async def models(request: Request) -> Response:
     snapshot = gateway_of(request).store.current
     tenant = tenant_of(request)
-    data = [{"id": name, "object": "model", "created": int(snapshot.loaded_at), "owned_by": "tollgate"}
-            for name in snapshot.policy.models if tenant.may_use(name)]
+    data = [objects.model_object(name, snapshot) for name in snapshot.policy.models if tenant.may_use(name)]
     return json_response({"object": "list", "data": data})
 
 
@@ -191,6 +190,7 @@ def create_app(store: PolicyStore, data_dir: Path | None = None, share: Share = 
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route(RETRIEVE.path, Retrieve(gw), methods=["GET"]),
+            *objects.ROUTES,
             *admin.ROUTES,
             *keys_api.ROUTES,
             *reports.ROUTES,

@@ -118,3 +118,28 @@ def test_two_answers_and_logprobs_whole_and_streamed(client: openai.OpenAI) -> N
     completion = client.completions.create(model=MODEL, prompt="The queue is", max_tokens=4, logprobs=2, n=2)
     assert len(completion.choices) == 2 and all(c.logprobs and len(c.logprobs.tokens or []) == 4
                                                 for c in completion.choices)
+
+
+def test_a_model_served_under_another_name_is_named_as_asked_and_its_objects_are_the_tenants(
+        start_sim: Starter, start_gateway: Starter) -> None:
+    """A policy's model whose workers serve it under another name (``upstream_model``): the client retrieves it,
+    and every answer names it as the client asked (chat whole and streamed, a response made, read back);
+    a deleted response is gone for its tenant."""
+    sim = start_sim("--zero-delay", "--mean-output-tokens", "20")
+    policy = policy_dict([sim.url])
+    policy["models"]["team-chat"] = {"pool": "main", "upstream_model": MODEL}
+    gateway = start_gateway(policy)
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=DEMO_KEY, max_retries=0)
+    assert client.models.retrieve("team-chat").id == "team-chat"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+    assert client.chat.completions.create(model="team-chat", messages=user("Hello there.")).model == "team-chat"
+    streamed = client.chat.completions.create(model="team-chat", messages=user("Hello there."), stream=True)
+    assert {chunk.model for chunk in streamed} == {"team-chat"}
+    made = client.responses.create(model="team-chat", input="remember this", max_output_tokens=8)
+    assert made.model == "team-chat" and client.responses.retrieve(made.id).model == "team-chat"
+    client.responses.delete(made.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(made.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(made.id)
