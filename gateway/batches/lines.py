@@ -145,14 +145,47 @@ def lines(path: Path, endpoint: str, max_line_bytes: int, max_lines: int, proble
             yield number, None
 
 
-def answered(custom_id: str, status: int, request_id: str, body: bytes) -> bytes:
-    """The output (or error) line of a line the pipeline answered, with the answer's JSON body."""
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """A line's tokens, which the batch object's ``usage`` sums: its request's counts as the ledger has them
+    (input, of which cached, and output), and the reasoning tokens the worker reported among the output."""
+
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @classmethod
+    def of(cls, prompt: int | None, cached: int | None, completion: int | None, answer: Any) -> Usage:
+        """From a line's counted tokens (None: none counted) and its parsed answer; a detail is never more than
+        the count it is part of (the worker is not trusted)."""
+        inputs, outputs = prompt or 0, completion or 0
+        return cls(inputs, min(cached or 0, inputs), outputs, min(_reasoning(answer), outputs))
+
+
+def _reasoning(answer: Any) -> int:
+    """The reasoning tokens in an answer's usage (completion_tokens_details, or the Responses API's
+    output_tokens_details); 0 where it names none."""
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    if not isinstance(usage, dict):
+        return 0
+    details = usage.get("completion_tokens_details") or usage.get("output_tokens_details")
+    value = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def parse_answer(body: bytes) -> Any:
+    """An answer's body as an output line holds it: its JSON, or as text if it is not JSON; None if empty."""
     try:
-        parsed: Any = orjson.loads(body) if body else None
+        return orjson.loads(body) if body else None
     except orjson.JSONDecodeError:
-        parsed = body.decode("utf-8", "replace")
+        return body.decode("utf-8", "replace")
+
+
+def answered(custom_id: str, status: int, request_id: str, answer: Any) -> bytes:
+    """The output (or error) line of a line the pipeline answered, with the answer's body (``parse_answer``)."""
     return orjson.dumps({"id": new_request_line_id(), "custom_id": custom_id,
-                         "response": {"status_code": status, "request_id": request_id, "body": parsed},
+                         "response": {"status_code": status, "request_id": request_id, "body": answer},
                          "error": None})
 
 

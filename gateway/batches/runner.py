@@ -8,8 +8,9 @@ as a failure; one that fails in a worker or the gateway is retried ``line_attemp
 (a bad line, a budget used up) is the line's answer. At most ``batches.max_inflight_lines`` lines are out at
 once over all batches: enough to fill idle workers, few enough that they do not crowd the batch queue's bound.
 
-Every finished line is checkpointed at once (BatchStore.finish_line). After a crash, ``start`` resumes
-every active batch and only lines without a checkpoint run again.
+Every finished line is checkpointed at once (BatchStore.finish_line), with its tokens as the ledger counts
+them, which the batch object's ``usage`` sums. After a crash, ``start`` resumes every active batch and only
+lines without a checkpoint run again.
 
 Every gateway process runs lines: each claims a few at a time (as many as it has room for) with a lease
 (``batches.claim_lease_s``) it renews every third of it, so processes sharing a store (the processes of one
@@ -341,8 +342,10 @@ class BatchRunner:
         if failed and failures + 1 < snapshot.policy.batches.line_attempts:
             return min(2.0 ** failures, MAX_RETRY_WAIT_S), 1
         status = sink.status or 500
+        answer = lines.parse_answer(sink.body)
+        usage = lines.Usage.of(ctx.prompt_tokens, ctx.cached_tokens, ctx.completion_tokens, answer)
         await store.do(store.finish_line, record.id, line_no, 200 <= status < 300,
-                       lines.answered(custom_id, status, ctx.request_id, sink.body))
+                       lines.answered(custom_id, status, ctx.request_id, answer), usage)
         return None, 0
 
 

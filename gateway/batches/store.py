@@ -10,6 +10,9 @@ synchronous=NORMAL: a commit survives the process being killed, not a power cut.
 committed the moment it finishes, so after a crash only the lines that were in flight run again and every
 ``custom_id`` ends in the output or error file exactly once.
 
+A finished line keeps its tokens (``lines.Usage``), and a batch object's ``usage`` is their sum, as OpenAI's
+batch object has it; a batch with a line finished before lines kept them shows none rather than a short sum.
+
 Lines are claimed before they run (``claim``): a claim names its process and lasts ``lease_s``, renewed while
 the process is alive, so two processes never run the same line at once; a killed process's claims lapse and
 another process takes its lines.
@@ -33,7 +36,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from gateway.batches.lines import Line, unanswered
+from gateway.batches.lines import Line, Usage, unanswered
 from gateway.errors import Unavailable
 
 log = logging.getLogger("tollgate.batches")
@@ -67,9 +70,13 @@ CREATE INDEX IF NOT EXISTS batches_by_tenant ON batches (tenant, created_at);
 CREATE TABLE IF NOT EXISTS batch_lines (
     batch_id TEXT NOT NULL, line_no INTEGER NOT NULL, custom_id TEXT NOT NULL, body {blob} NOT NULL,
     done INTEGER NOT NULL DEFAULT 0, ok INTEGER NOT NULL DEFAULT 0, result {blob},
-    claimed_by TEXT, claimed_until {real},
+    claimed_by TEXT, claimed_until {real}, {usage},
     PRIMARY KEY (batch_id, line_no));
 """
+# a finished line's tokens (lines.Usage); NULL until it finishes, and in a line finished before they were kept
+USAGE_COLUMNS = ("input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens")
+_USAGE = ", ".join(f"{column} BIGINT" for column in USAGE_COLUMNS)
+NO_TOKENS = Usage()  # a line that never ran (the batch expired or was cancelled first)
 
 
 def new_id(prefix: str) -> str:
@@ -96,6 +103,7 @@ class BatchRecord:
     row: dict[str, Any]  # the batches row
     completed: int  # lines answered 2xx
     failed: int  # lines finished otherwise
+    usage: Usage | None = None  # the finished lines' tokens summed; None if one of them has none kept
 
     @property
     def id(self) -> str:
@@ -127,6 +135,7 @@ class BatchRecord:
             **{stamp: r[stamp] for stamp in STAMPS.values()},
             "request_counts": {"total": r["total"], "completed": self.completed, "failed": self.failed},
             "metadata": orjson.loads(r["metadata"]) if r["metadata"] else None,
+            "usage": _usage_object(self.usage),
         }
 
 
@@ -277,11 +286,13 @@ class BatchStore(abc.ABC):
         batch = _dict(row)
         if tenant is not None and batch["tenant"] != tenant:
             return None
-        completed, failed = self._run(
-            "SELECT coalesce(sum(ok), 0) AS completed, coalesce(sum(done) - sum(ok), 0) AS failed FROM batch_lines "
-            "WHERE batch_id = ?",
+        sums = ", ".join(f"coalesce(sum({column}), 0)" for column in USAGE_COLUMNS)
+        completed, failed, unkept, *tokens = self._run(
+            "SELECT coalesce(sum(ok), 0), coalesce(sum(done) - sum(ok), 0), "
+            f"coalesce(sum(done), 0) - count(input_tokens), {sums} FROM batch_lines WHERE batch_id = ?",
             (batch_id,)).fetchone()
-        return BatchRecord(batch, int(completed), int(failed))
+        usage = Usage(*(int(n) for n in tokens)) if int(unkept) == 0 else None
+        return BatchRecord(batch, int(completed), int(failed), usage)
 
     def list_batches(self, tenant: str, limit: int, after: str | None) -> list[BatchRecord]:
         sql, args = "SELECT id FROM batches WHERE tenant = ?", [tenant]
@@ -394,10 +405,12 @@ class BatchStore(abc.ABC):
                         (batch_id, line_no)).fetchone()
         return bytes(row[0])
 
-    def finish_line(self, batch_id: str, line_no: int, ok: bool, result: bytes) -> None:
-        """Checkpoint one line's output line; a line already finished keeps its first result."""
-        self._run("UPDATE batch_lines SET done = 1, ok = ?, result = ?, claimed_by = NULL WHERE batch_id = ? "
-                  "AND line_no = ? AND done = 0", (int(ok), result, batch_id, line_no))
+    def finish_line(self, batch_id: str, line_no: int, ok: bool, result: bytes, usage: Usage = NO_TOKENS) -> None:
+        """Checkpoint one line's output line and tokens; a line already finished keeps its first result."""
+        self._run("UPDATE batch_lines SET done = 1, ok = ?, result = ?, claimed_by = NULL, input_tokens = ?, "
+                  "cached_tokens = ?, output_tokens = ?, reasoning_tokens = ? WHERE batch_id = ? AND line_no = ? "
+                  "AND done = 0", (int(ok), result, usage.input_tokens, usage.cached_tokens, usage.output_tokens,
+                                   usage.reasoning_tokens, batch_id, line_no))
 
     def close_pending(self, batch_id: str, code: str, message: str) -> None:
         """Finish every line that has not run with an error line (the batch expired or was cancelled)."""
@@ -454,12 +467,16 @@ class SqliteBatchStore(BatchStore):
                 db.executescript("ALTER TABLE files RENAME TO batch_files; ALTER TABLE lines RENAME TO batch_lines; "
                                  "ALTER TABLE batch_lines ADD COLUMN claimed_by TEXT; "
                                  "ALTER TABLE batch_lines ADD COLUMN claimed_until REAL;")
-            db.executescript(_SCHEMA.format(blob="BLOB", real="REAL"))
+            db.executescript(_SCHEMA.format(blob="BLOB", real="REAL", usage=_USAGE))
             columns = {row[1] for row in db.execute("PRAGMA table_info(batches)")}
             for column, kind in (("validation_tries", "INTEGER NOT NULL DEFAULT 0"), ("validated_by", "TEXT"),
                                  ("validated_until", "REAL"), ("key_id", "TEXT")):
                 if column not in columns:  # a data directory from before validation's lease or the batch's key
                     db.execute(f"ALTER TABLE batches ADD COLUMN {column} {kind}")
+            columns = {row[1] for row in db.execute("PRAGMA table_info(batch_lines)")}
+            for column in USAGE_COLUMNS:
+                if column not in columns:  # a data directory from before lines kept their tokens
+                    db.execute(f"ALTER TABLE batch_lines ADD COLUMN {column} BIGINT")
             self._db = db
         return self._db
 
@@ -539,7 +556,7 @@ class PostgresBatchStore(BatchStore):
             db = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5, row_factory=namedtuple_row)
             with db.transaction():
                 db.execute("SELECT pg_advisory_xact_lock(7454)")  # replicas starting together
-                for statement in _SCHEMA.format(blob="BYTEA", real="DOUBLE PRECISION").split(";"):
+                for statement in _SCHEMA.format(blob="BYTEA", real="DOUBLE PRECISION", usage=_USAGE).split(";"):
                     if statement.strip():
                         db.execute(statement)
                 db.execute("CREATE TABLE IF NOT EXISTS batch_file_chunks (file_id TEXT NOT NULL, seq INTEGER "
@@ -547,6 +564,8 @@ class PostgresBatchStore(BatchStore):
                 for column in ("validation_tries INTEGER NOT NULL DEFAULT 0", "validated_by TEXT",
                                "validated_until DOUBLE PRECISION", "key_id TEXT"):
                     db.execute(f"ALTER TABLE batches ADD COLUMN IF NOT EXISTS {column}")
+                for column in USAGE_COLUMNS:
+                    db.execute(f"ALTER TABLE batch_lines ADD COLUMN IF NOT EXISTS {column} BIGINT")
             self._db = db
         return self._db
 
@@ -587,6 +606,15 @@ class PostgresBatchStore(BatchStore):
 def open_batch_store(data_dir: Path, postgres_dsn: str | None, clock: Callable[[], float] = time.time) -> BatchStore:
     """PostgreSQL when replicas share state (``state.postgres_dsn``), else the data directory."""
     return PostgresBatchStore(data_dir, postgres_dsn, clock) if postgres_dsn else SqliteBatchStore(data_dir, clock)
+
+
+def _usage_object(usage: Usage | None) -> dict[str, Any] | None:
+    """A batch's usage in the shape of OpenAI's batch object."""
+    if usage is None:
+        return None
+    return {"input_tokens": usage.input_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "output_tokens": usage.output_tokens, "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+            "total_tokens": usage.input_tokens + usage.output_tokens}
 
 
 def _dict(row: Any) -> dict[str, Any]:

@@ -102,6 +102,14 @@ def test_openai_client_end_to_end(start_gateway: Callable[..., Proc], sim: Proc)
             "Authorization": f"Bearer {FINANCE_TOKEN}"}).json()["data"] if r["batch"] == batch_id]
     assert wait_for(lambda: len(records()) == 7, timeout=15)
     assert {r["key_id"] for r in records()} == {"key-" + hash_key(DEMO_KEY)[:12]}
+    # the batch's usage, as the client reads it, is the sum of its lines' answers and of the ledger's records
+    assert batch.usage is not None
+    answered = [line["response"]["body"]["usage"] for line in output]
+    assert batch.usage.input_tokens == sum(u["prompt_tokens"] for u in answered) == \
+        sum(r["prompt_tokens"] or 0 for r in records())
+    assert batch.usage.output_tokens == sum(u["completion_tokens"] for u in answered) == \
+        sum(r["completion_tokens"] or 0 for r in records())
+    assert batch.usage.total_tokens == batch.usage.input_tokens + batch.usage.output_tokens > 0
 
 
 def test_invalid_file_fails_the_batch_naming_each_line(start_gateway: Callable[..., Proc], sim: Proc) -> None:

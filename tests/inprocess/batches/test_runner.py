@@ -49,6 +49,13 @@ def test_each_line_is_recorded_under_the_key_that_created_the_batch_and_its_own_
                 assert done["status"] == "completed" and done["request_counts"] == {
                     "total": 3, "completed": 2, "failed": 1}
         with sqlite3.connect(tmp_path / "ledger.sqlite3") as db:
+            prompt, cached, completion = db.execute(
+                "SELECT sum(coalesce(prompt_tokens, 0)), sum(coalesce(cached_tokens, 0)), "
+                "sum(coalesce(completion_tokens, 0)) FROM ledger WHERE batch = ?", (batch["id"],)).fetchone()
+            assert (prompt, completion) == (14, 4), "two lines answered with 7 prompt and 2 completion tokens"
+            assert done["usage"] == {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
+                                     "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+                                     "total_tokens": prompt + completion}, "the batch's usage is the ledger's"
             rows = {rid: (key, status, tags) for rid, key, status, tags in db.execute(
                 "SELECT request_id, key_id, status, tags FROM ledger WHERE batch = ?", (batch["id"],))}
         key = "key-" + hash_key(DEMO_KEY)[:12]
