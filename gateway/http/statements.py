@@ -8,9 +8,9 @@ the workers' idle cost apart, the reconciliation, and the adjustments for closed
 page; no JavaScript, nothing fetched); ``csv`` is one table with a ``section`` column; ``xlsx`` is a workbook with
 a sheet per view (and one per tenant when all are shown), numbers as numbers. Downloads are named for the month
 and the tenant (``statement_2026-11_acme.csv``, ``statement_2026-11_all.xlsx``). Money in the page and the CSV is
-a plain decimal (``gateway.ledger.prices.plain``). A text cell that a spreadsheet would read as a formula (it starts with = + -
-@, a tab or a carriage return) is neutralised: a leading ' in the CSV, a text cell with Excel's quote prefix in
-the workbook.
+a plain decimal (``gateway.ledger.prices.plain``). A text cell that a spreadsheet would read as a formula (it
+starts with = + - @, a tab or a carriage return) is neutralised: a leading ' in the CSV, a text cell with Excel's
+quote prefix in the workbook.
 
 ``POST /admin/statements/close?month=YYYY-MM`` (the admin token alone: finance reads, it does not close) closes
 an ended month, once; ``GET /admin/statements/closes`` lists the closed months.
