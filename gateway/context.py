@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gateway.endpoints.base import Endpoint
 from gateway.policy.loader import PolicySnapshot, TenantView
@@ -73,6 +74,12 @@ class Timings:
         return ", ".join(parts).encode()
 
 
+class Limited(Protocol):
+    """What the rate limiter charged (gateway.ratelimit.Charge): it says the limits' headroom as headers."""
+
+    def headers(self) -> Headers: ...
+
+
 @dataclass(slots=True)
 class RequestContext:
     request_id: str
@@ -103,7 +110,7 @@ class RequestContext:
     cached_tokens: int | None = None  # pipeline.run: prompt tokens the worker's prefix cache served
     usage_estimated: bool = False  # pipeline.run: the worker took it but sent no usage; tokens are estimates
     reservation: object | None = None  # spend.service (Spend.admit): the budget reservation to settle
-    charge: object | None = None  # pipeline.run: what the rate limiter charged (ratelimit.Charge), to settle
+    charge: Limited | None = None  # pipeline.run: what the rate limiter charged (ratelimit.Charge), to settle
     cost_usd: float = 0.0  # accounting (Finish)
     price_version: str | None = None  # accounting (Finish)
     error: str | None = None  # pipeline.fail: the outcome's code
@@ -137,4 +144,6 @@ class RequestContext:
             headers.append((b"x-tollgate-cache-similarity", f"{self.cache_similarity:.4f}".encode()))
         if self.answered_by is not None:
             headers.append((b"x-tollgate-model", self.answered_by.encode()))
+        if self.charge is not None:
+            headers += self.charge.headers()
         return headers

@@ -40,7 +40,8 @@ WINDOW_S = 60
 
 # KEYS: per scope (the tenant, then the key if it has its own limit) its requests now, requests before, tokens
 # now, tokens before. ARGV: requests, tokens, the previous window's weight, seconds to the next window, then per
-# scope its requests and tokens per minute (0: none). Every scope must fit before any is charged.
+# scope its requests and tokens per minute (0: none). Every scope must fit before any is charged. Returns whether
+# it was allowed, the wait, the first scope refused, then per scope the requests and tokens seen in the window.
 _CHECK = """
 local allowed = 1
 local wait = 0
@@ -62,15 +63,20 @@ for s = 0, scopes - 1 do
     end
   end
 end
-if allowed == 1 then
-  for s = 0, scopes - 1 do
-    for i = 0, 1 do
-      redis.call('incrby', KEYS[4 * s + 1 + 2 * i], ARGV[1 + i])
-      redis.call('expire', KEYS[4 * s + 1 + 2 * i], 130)
+local seen = {}
+for s = 0, scopes - 1 do
+  for i = 0, 1 do
+    local key = KEYS[4 * s + 1 + 2 * i]
+    local cur = tonumber(redis.call('get', key) or '0')
+    if allowed == 1 then
+      cur = redis.call('incrby', key, ARGV[1 + i])
+      redis.call('expire', key, 130)
     end
+    local prev = tonumber(redis.call('get', KEYS[4 * s + 2 + 2 * i]) or '0')
+    seen[#seen + 1] = math.ceil(prev * tonumber(ARGV[3]) + cur)
   end
 end
-return {allowed, wait, refused}
+return {allowed, wait, refused, unpack(seen)}
 """
 
 
@@ -87,15 +93,56 @@ return 1
 
 
 @dataclass(frozen=True, slots=True)
+class Headroom:
+    """One limit as OpenAI's x-ratelimit-* headers state it: the tightest scope's, after this request."""
+
+    limit: int
+    remaining: int
+    reset_s: float  # until the window has moved past what counts now
+
+
+@dataclass(frozen=True, slots=True)
 class Charge:
-    """What ``check`` counted for a request: its tenant, the window, the tokens, where (Redis or here), and the
-    scopes charged (the tenant's name, and "#<key id>" for a key's own limit; empty: the tenant alone)."""
+    """What ``check`` counted for a request: its tenant, the window, the tokens, where (Redis or here), the
+    scopes charged (the tenant's name, and "#<key id>" for a key's own limit; empty: the tenant alone), and the
+    headroom left, for the answer's headers."""
 
     tenant: str
     window: int
     tokens: int
     in_redis: bool
     scopes: tuple[str, ...] = ()
+    requests_left: Headroom | None = None
+    tokens_left: Headroom | None = None
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """x-ratelimit-limit-requests, -remaining-requests, -reset-requests and the -tokens trio, as OpenAI
+        sends them (a reset as "1s", "6m0s"); only for the limits that apply."""
+        out = []
+        for kind, room in (("requests", self.requests_left), ("tokens", self.tokens_left)):
+            if room is not None:
+                out += [(b"x-ratelimit-limit-" + kind.encode(), str(room.limit).encode()),
+                        (b"x-ratelimit-remaining-" + kind.encode(), str(max(0, room.remaining)).encode()),
+                        (b"x-ratelimit-reset-" + kind.encode(), duration(room.reset_s).encode())]
+        return out
+
+
+def duration(seconds: float) -> str:
+    """A reset as OpenAI writes it: "850ms", "1s", "6m0s"."""
+    if seconds < 1:
+        return f"{max(0, round(seconds * 1000))}ms"
+    whole = math.ceil(seconds)
+    return f"{whole // 60}m{whole % 60}s" if whole >= 60 else f"{whole}s"
+
+
+def headroom(caps: list[tuple[int, int]], seen: list[int], reset_s: float) -> tuple[Headroom | None, Headroom | None]:
+    """The tightest scope's limit of each kind, from the counts seen after this request."""
+    found: list[Headroom | None] = []
+    for kind in (0, 1):
+        rooms = [Headroom(cap[kind], cap[kind] - seen[2 * i + kind], reset_s) for i, cap in enumerate(caps)
+                 if cap[kind]]
+        found.append(min(rooms, key=lambda r: r.remaining) if rooms else None)
+    return found[0], found[1]
 
 
 def _window(now: float) -> tuple[int, float]:
@@ -143,10 +190,11 @@ class RateLimiter:
             keys = [f"{self._prefix}rl:{name}:{kind}:{w}" for name, _ in scopes for kind in ("r", "t")
                     for w in (index, index - 1)]
             try:
-                allowed, _, first = await self._script(keys=keys, args=[1, tokens, weight, until_next,
-                                                                        *(v for cap in caps for v in cap)])
+                allowed, _, first, *counts = await self._script(keys=keys, args=[
+                    1, tokens, weight, until_next, *(v for cap in caps for v in cap)])
                 self._warned, in_redis = False, True
                 refused = None if allowed else int(first) - 1
+                seen = [int(c) for c in counts]
             except Exception as exc:
                 if not self._warned:
                     log.error("rate-limit store unavailable (%s): counting in this process against its part", exc)
@@ -154,11 +202,16 @@ class RateLimiter:
                 parts = max(1, self._processes())
                 caps = [(math.ceil(r / parts) if r else 0, math.ceil(t / parts) if t else 0) for r, t in caps]
         if not in_redis:
-            refused = self._check_memory([name for name, _ in scopes], index, weight, tokens, caps)
+            refused, seen = self._check_memory([name for name, _ in scopes], index, weight, tokens, caps)
         if refused is not None:
             name, limit = scopes[refused]
             raise self._refused(tenant, name, limit, tokens, until_next)
-        return Charge(tenant.name, index, tokens, in_redis, tuple(name for name, _ in scopes))
+        # the window slides: what counts now has left it once the next window has begun and the previous
+        # (this one) has slid out, at most two window lengths
+        reset = (index + 1) * WINDOW_S - now + (WINDOW_S if seen and any(seen) else 0.0)
+        requests_left, tokens_left = headroom(caps, seen, reset)
+        return Charge(tenant.name, index, tokens, in_redis, tuple(name for name, _ in scopes), requests_left,
+                      tokens_left)
 
     def settle(self, charge: Charge, used_tokens: int, ran: bool) -> None:
         """Once per charged request, at its end: give back the tokens it did not use, and the request itself if
@@ -191,20 +244,24 @@ class RateLimiter:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _check_memory(self, names: list[str], index: int, weight: float, tokens: int,
-                      caps: list[tuple[int, int]]) -> int | None:
-        """Charge every scope if each fits; else the index of the first that does not (nothing charged)."""
+                      caps: list[tuple[int, int]]) -> tuple[int | None, list[int]]:
+        """Charge every scope if each fits; else the index of the first that does not (nothing charged). With
+        it, per scope the requests and tokens seen in the window after this request."""
         kinds = (("r", 1), ("t", tokens))
+
+        def seen(name: str, kind: str) -> float:
+            return self._memory.get((name, kind, index - 1), 0) * weight + self._memory.get((name, kind, index), 0)
+
         for i, (name, limits) in enumerate(zip(names, caps, strict=True)):
             for (kind, cost), cap in zip(kinds, limits, strict=True):
-                seen = self._memory.get((name, kind, index - 1), 0) * weight + self._memory.get((name, kind, index), 0)
-                if cap and seen + cost > cap:
-                    return i
+                if cap and seen(name, kind) + cost > cap:
+                    return i, []
         for name in names:
             for kind, cost in kinds:
                 self._memory[(name, kind, index)] = self._memory.get((name, kind, index), 0) + cost
         for key in [k for k in self._memory if k[2] < index - 1]:
             del self._memory[key]
-        return None
+        return None, [math.ceil(seen(name, kind)) for name in names for kind, _ in kinds]
 
     @staticmethod
     def _refused(tenant: TenantView, scope: str, limit: RateLimit, tokens: int, wait_s: int) -> RateLimited:

@@ -95,3 +95,39 @@ def test_retry_after_is_the_time_until_the_next_window(now: float, wait: int) ->
             await limiter.check(t, 1, now=now)
         assert caught.value.retry_after_s == wait
     asyncio.run(main())
+
+
+async def headroom_rules(limiter: RateLimiter) -> None:
+    t = tenant(f"headers-{uuid.uuid4().hex[:6]}", rpm=3, tpm=100)
+    first = await limiter.check(t, 30, now=MINUTE + 10)
+    second = await limiter.check(t, 30, now=MINUTE + 11)
+    assert first is not None and second is not None
+    assert dict(first.headers()) == {
+        b"x-ratelimit-limit-requests": b"3", b"x-ratelimit-remaining-requests": b"2",
+        b"x-ratelimit-reset-requests": b"1m50s", b"x-ratelimit-limit-tokens": b"100",
+        b"x-ratelimit-remaining-tokens": b"70", b"x-ratelimit-reset-tokens": b"1m50s"}
+    assert dict(second.headers())[b"x-ratelimit-remaining-tokens"] == b"40"
+    only_requests = await limiter.check(tenant(f"rpm-{uuid.uuid4().hex[:6]}", rpm=5), 10, now=MINUTE)
+    assert only_requests is not None and {k for k, _ in only_requests.headers()} == {
+        b"x-ratelimit-limit-requests", b"x-ratelimit-remaining-requests", b"x-ratelimit-reset-requests"}
+
+
+def test_the_answer_says_the_limits_headroom_as_openai_does_in_this_process() -> None:
+    asyncio.run(headroom_rules(RateLimiter()))
+
+
+def test_the_answer_says_the_limits_headroom_as_openai_does_in_redis() -> None:
+    async def main() -> None:
+        state = SharedState(StatePolicy(redis_url=REDIS_URL, namespace=f"test-{uuid.uuid4().hex[:8]}"))
+        try:
+            await headroom_rules(RateLimiter(state))
+        finally:
+            await state.close()
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(0.25, "250ms"), (1, "1s"), (59.2, "1m0s"), (360, "6m0s")])
+def test_a_reset_reads_as_openai_writes_it(seconds: float, text: str) -> None:
+    from gateway.ratelimit import duration
+
+    assert duration(seconds) == text

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import openai
 import pytest
 
 from gateway.auth import hash_key
@@ -88,11 +89,23 @@ def test_two_replicas_share_one_limit_through_redis(start_gateway: Callable[...,
         return httpx.post(replicas[i % 2].url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
                           json={"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
                           timeout=30)
+    # the official client reads the headroom as OpenAI's headers state it
+    client = openai.OpenAI(base_url=replicas[1].url + "/v1", api_key=key, max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+    assert raw.parse().choices[0].message.content is not None
+    assert (raw.headers["x-ratelimit-limit-requests"], raw.headers["x-ratelimit-remaining-requests"]) == ("12", "11")
+    assert raw.headers["x-ratelimit-reset-requests"].endswith("s"), raw.headers
+    assert "x-ratelimit-limit-tokens" not in raw.headers, "no token limit, no token headers"
     with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(ask, range(40)))
+        answers = [*pool.map(ask, range(1, 40))]
     ok = [a for a in answers if a.status_code == 200]
     refused = [a for a in answers if a.status_code == 429]
-    assert len(ok) + len(refused) == 40
+    assert len(ok) + len(refused) == 39
+    # the count is the replicas' together: every answer saw a different one
+    left = [int(a.headers["x-ratelimit-remaining-requests"]) for a in ok]
+    assert len(set(left)) == len(left) and all(0 <= n < 11 for n in left), left
+    ok.append(raw.http_response)  # type: ignore[arg-type]
     # 12 a minute over both replicas (a few more only if the test straddles a minute boundary)
     assert 12 <= len(ok) <= 14, [(a.status_code, a.text[:200]) for a in answers]
     assert all(r.json()["error"]["code"] == "rate_limit_exceeded" and int(r.headers["retry-after"]) >= 1
