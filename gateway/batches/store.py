@@ -286,10 +286,11 @@ class BatchStore(abc.ABC):
         batch = _dict(row)
         if tenant is not None and batch["tenant"] != tenant:
             return None
-        sums = ", ".join(f"coalesce(sum({column}), 0)" for column in USAGE_COLUMNS)
+        # every column named: PostgreSQL's rows are named tuples, which refuse two columns called "coalesce"
+        sums = ", ".join(f"coalesce(sum({column}), 0) AS {column}" for column in USAGE_COLUMNS)
         completed, failed, unkept, *tokens = self._run(
-            "SELECT coalesce(sum(ok), 0), coalesce(sum(done) - sum(ok), 0), "
-            f"coalesce(sum(done), 0) - count(input_tokens), {sums} FROM batch_lines WHERE batch_id = ?",
+            "SELECT coalesce(sum(ok), 0) AS completed, coalesce(sum(done) - sum(ok), 0) AS failed, "
+            f"coalesce(sum(done), 0) - count(input_tokens) AS unkept, {sums} FROM batch_lines WHERE batch_id = ?",
             (batch_id,)).fetchone()
         usage = Usage(*(int(n) for n in tokens)) if int(unkept) == 0 else None
         return BatchRecord(batch, int(completed), int(failed), usage)
