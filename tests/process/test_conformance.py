@@ -168,6 +168,9 @@ def test_metric_names(backend: str) -> None:
 
 def _disconnect_after_first_chunk(backend: str) -> float:
     """Stream 1,900 tokens, leave after the first chunk; return how many tokens the worker generated."""
+    # the token counter is the engine's, not the request's: an earlier test's request still running would count
+    assert wait_for(lambda: metric_value(backend, "vllm:num_requests_running") == 0
+                    and metric_value(backend, "vllm:num_requests_waiting") == 0, timeout=60)
     generated_before = metric_value(backend, "vllm:generation_tokens_total")
     with httpx.Client(timeout=30) as client, client.stream("POST", backend + "/v1/chat/completions",
                                                            json=chat_body(max_tokens=1900, stream=True)) as response:
