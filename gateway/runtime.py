@@ -161,8 +161,9 @@ class Gateway:
         assert self.replicas is not None
         pools = self.upstreams.pools.values()
         share = await self.replicas.beat({w.url: (w.learned.limit, w.inflight) for pool in pools
-                                          for w in pool.workers})
+                                          for w in pool.workers}, self.scheduler.tenants())
         self.replicas.agree(w for pool in pools for w in pool.workers)
+        self.scheduler.fleet_changed(self.replicas.elsewhere)
         if share != self.scheduler.share:
             self.scheduler.set_share(share)  # a larger part may have room for what waits
             self.metrics.gateway_processes.set(share.of)

@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from gateway.context import RequestContext
 from gateway.errors import Shed, TenantBusy, Unavailable, UpstreamFailed
@@ -97,6 +97,17 @@ class Controller:
         scheduling = self._current_scheduling()
         for state in self.states.values():
             self._relearn(state, scheduling)
+
+    def fleet_changed(self, elsewhere: Mapping[str, dict[str, dict[str, int]]]) -> None:
+        """What the other gateway processes' tenants hold, per pool and class (their heartbeats): a premium
+        request goes past this process's part only within its tenant's share of the fleet (_fleet_heavy)."""
+        for name, state in self.states.items():
+            state.elsewhere = elsewhere.get(name, {})
+
+    def tenants(self) -> dict[str, dict[str, dict[str, int]]]:
+        """This process's tenants of the last minute, per pool and class, with what each holds: its heartbeat's."""
+        now = self.clock()
+        return {name: active for name, state in self.states.items() if (active := state.active(now))}
 
     def _relearn(self, state: PoolState, scheduling: SchedulingPolicy) -> None:
         wanted = any(q.count for q in state.queues.values())
@@ -172,7 +183,7 @@ class Controller:
         # Nor while the pool's capacity is still being learned (a fresh engine doubling its limit): the drain
         # rate of the last seconds then says too little about the next ones, and would refuse what will fit.
         learning = any(still_learning(w, now, scheduling) for w in state.workers)
-        predicted = self._predicted_wait(state, klass, now) if klass != "premium" and not learning else None
+        predicted = self._predicted_wait(state, klass, now, tenant) if klass != "premium" and not learning else None
         if predicted is not None and predicted > deadline_s:
             raise self._shed(klass, "predicted_wait", predicted, "would wait past its class's deadline")
         self._make_room(state, scheduling, klass, size)
@@ -218,9 +229,10 @@ class Controller:
         slot, or, when the engine is full too, at the head of its queue: an engine that runs in arrival order
         holds nothing else waiting, since the gateway keeps every other class within the limit, so the wait
         there is for the next of all the engine's sequences to end, not of this process's share of them.
-        Not for a tenant over its fair share of the class (``blocked_tenants``): a flooding premium tenant's
-        requests went past the limit into the engines' queues, and a quiet premium tenant's then waited behind
-        them there (its TTFT p95 6.2x what it had alone, against 1.1-1.2x).
+        Not for a tenant over its fair share of the class, counted across the fleet (``_fleet_heavy``): a flooding
+        premium tenant's requests went past the limit into the engines' queues, and a quiet premium tenant's then
+        waited behind them there (its TTFT p95 6.2x what it had alone, against 1.1-1.2x); and a tenant flooding
+        one replica sees no other tenant there, while the slots past its part are the other replica's.
         Not at once: while this process's own answers end soon enough, waiting here chooses the first worker
         to free a slot instead of committing to one."""
         try:
@@ -231,8 +243,7 @@ class Controller:
         now = self.clock()
         if waiter.future.done() or not self._premium_within_limits(state, scheduling, now):
             return False
-        if waiter.tenant in state.blocked_tenants(waiter.ctx.service_class, capacity(
-                state.workers, state.spec, scheduling, now, self.share), scheduling, now):
+        if waiter.tenant in self._fleet_heavy(state, scheduling, now):
             return False  # a tenant over its fair share waits here: in the engine it would queue ahead of the others
         self._forget(state, waiter)
         state.take(waiter.tenant, waiter.ctx.service_class)
@@ -247,7 +258,10 @@ class Controller:
             if klass is None or not self._fits_now(state, scheduling, klass, now, queued=True):
                 break
             total = capacity(state.workers, state.spec, scheduling, now, self.share)
-            blocked = state.blocked_tenants(klass, total, scheduling, now)
+            blocked = state.blocked_tenants(klass, total, scheduling, now, self._reserved(state, total, scheduling,
+                                                                                         klass))
+            if klass == "premium" and state.granted >= total:  # past this process's part: the fleet's shares
+                blocked |= self._fleet_heavy(state, scheduling, now)
             waiter = state.queues[klass].pop(skip=blocked)
             if waiter is None:
                 break  # only tenants over their share wait in the top class: the slot stays free for others
@@ -291,10 +305,12 @@ class Controller:
             return False  # others of its class or above are waiting first
         total = capacity(state.workers, state.spec, scheduling, now, self.share)
         free = total - state.granted
-        if tenant is not None and tenant in state.blocked_tenants(klass, total, scheduling, now):
+        if tenant is not None and tenant in state.blocked_tenants(klass, total, scheduling, now,
+                                                                  self._reserved(state, total, scheduling, klass)):
             return False
         if klass == "premium":
-            return free > 0 or self._premium_past_limit(state, scheduling, now)
+            return free > 0 or (self._premium_past_limit(state, scheduling, now)
+                                and (tenant is None or tenant not in self._fleet_heavy(state, scheduling, now)))
         reserve = held_back(total, scheduling.premium_reserve)
         if klass == "standard":
             return free > reserve
@@ -324,17 +340,37 @@ class Controller:
         return state.spec.engine_priority and self._premium_within_limits(state, scheduling, now)
 
     @staticmethod
+    def _reserved(state: PoolState, total: int, scheduling: SchedulingPolicy, klass: str) -> int:
+        """The slots ``klass`` leaves to the classes above it (what ``_fits_now`` holds back)."""
+        if klass == "premium":
+            return 0
+        reserve = held_back(total, scheduling.premium_reserve)
+        return reserve if klass == "standard" else max(reserve, held_back(total, scheduling.batch_headroom))
+
+    @staticmethod
+    def _fleet_heavy(state: PoolState, scheduling: SchedulingPolicy, now: float) -> set[str]:
+        """Premium tenants that may not go past this process's part: those holding their share of the workers'
+        whole limits or more, across every process (none when the policy keeps queue order alone)."""
+        if not scheduling.tenant_headroom:
+            return set()
+        return state.fleet_heavy("premium", capacity(state.workers, state.spec, scheduling, now), now)
+
+    @staticmethod
     def _premium_within_limits(state: PoolState, scheduling: SchedulingPolicy, now: float) -> bool:
         """Does the premium this process holds stay below the workers' whole limits (not its part of them)?"""
         return state.premium < capacity(state.workers, state.spec, scheduling, now)
 
-    def _predicted_wait(self, state: PoolState, klass: str, now: float) -> float | None:
-        """Seconds until a new request of ``klass`` would start: the work ahead of it at the drain rate."""
+    def _predicted_wait(self, state: PoolState, klass: str, now: float, tenant: str | None = None) -> float | None:
+        """Seconds until a new request of ``klass`` (of ``tenant``) would start: the work ahead of it at the drain
+        rate. Ahead of it: the classes above, and in its own class what fair queuing grants before it, not the
+        whole queue (a quiet standard tenant beside a flooding one was refused on the flood's backlog: 20 of 47
+        requests, when it goes next)."""
         rate = state.drain_rate(now)
         if rate <= 0:
             return None
-        ahead = sum(state.queues[k].count for k in TIERS[: TIERS.index(klass) + 1]) + 1
-        return ahead / rate
+        above = sum(state.queues[k].count for k in TIERS[: TIERS.index(klass)])
+        queue = state.queues[klass]
+        return (above + (queue.count if tenant is None else queue.ahead_of(tenant)) + 1) / rate
 
     def _make_room(self, state: PoolState, scheduling: SchedulingPolicy, klass: str, size: int) -> None:
         """Bound the queues: shed the newest of the lowest class below ``klass``; else refuse this one."""

@@ -20,6 +20,12 @@ carries, per worker, the limit this process learned and how many requests it hol
   worker while the old parts drain (a held count a heartbeat old is an overestimate: a process over its part
   sends nothing new).
 
+Beside it, each process reports the tenants it saw in the last minute, per pool and class, with what each
+holds there (a second hash, written by the same script call: no Redis call per request). The others' sum is
+``elsewhere``: a tenant flooding one replica holds its part of every worker there, and what it may take beyond
+that part (a premium request's spill) is judged against its share of the fleet, with the tenants only the
+other replicas see counted in (gateway.scheduling.queues.PoolState.fleet_heavy).
+
 A newcomer takes its part only after ``2 * beat_s``, when every other process has seen it and shrunk its own
 part; until then it sends nothing new upstream (it queues). While Redis is down each process keeps its last
 known place (the parts still add up to the limit unless a process joined meanwhile); never known: the host's
@@ -82,12 +88,20 @@ local silent = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[
 for _, id in ipairs(silent) do
   redis.call('ZREM', KEYS[1], id)
   redis.call('HDEL', KEYS[2], id)
+  redis.call('HDEL', KEYS[3], id)
 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
-return {redis.call('ZRANGE', KEYS[1], 0, -1), redis.call('HGETALL', KEYS[2])}
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[6])
+for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
+return {redis.call('ZRANGE', KEYS[1], 0, -1), redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3])}
 """
+# What one process reports of its tenants: at most this many per pool and class (the largest holders first), and
+# names no longer than a tenant's may be; a report past either is read as far as it goes.
+TENANTS_KEPT = 256
+NAME_MAX = 128
+
+# {pool: {class: {tenant: requests it holds}}}
+Tenants = dict[str, dict[str, dict[str, int]]]
 
 
 def _read_view(raw: bytes) -> dict[str, tuple[int, int]] | None:
@@ -107,6 +121,35 @@ def _read_view(raw: bytes) -> dict[str, tuple[int, int]] | None:
     return out
 
 
+def _read_tenants(raw: bytes) -> Tenants:
+    """One process's tenant report, as far as it is that shape (anything else in it is left out): a report is
+    another process's word, bounded here whatever it says."""
+    try:
+        report = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return {}
+    out: Tenants = {}
+    if not isinstance(report, dict):
+        return out
+    for pool, classes in report.items():
+        if not isinstance(classes, dict):
+            continue
+        for klass, tenants in classes.items():
+            if not isinstance(tenants, dict):
+                continue
+            kept = {name: held for name, held in list(tenants.items())[:TENANTS_KEPT]
+                    if len(name) <= NAME_MAX and type(held) is int and 0 <= held <= 1_000_000}
+            if kept:
+                out.setdefault(pool, {})[klass] = kept
+    return out
+
+
+def report_of(tenants: Tenants) -> Tenants:
+    """This process's report, bounded as the others read it: the largest holders first."""
+    return {pool: {klass: dict(sorted(held.items(), key=lambda kv: -kv[1])[:TENANTS_KEPT])
+                   for klass, held in classes.items()} for pool, classes in tenants.items()}
+
+
 class Replicas:
     def __init__(self, state: SharedState, fallback: Share, beat_s: float = 1.0,
                  clock: Callable[[], float] | None = None) -> None:
@@ -122,20 +165,23 @@ class Replicas:
         self.live: list[str] = []
         self.agreed: dict[str, int] = {}  # worker URL -> the lowest limit a live process learned for it
         self.excess: dict[str, int] = {}  # worker URL -> what the other processes hold beyond their parts
+        self.tenants_key = state.prefix + "replica-tenants"
+        self.elsewhere: Tenants = {}  # what the other live processes' tenants hold, summed
         self._script = self.redis.register_script(_BEAT)
         self._clock = clock
         self._joined: float | None = None  # the time of this process's first heartbeat that Redis took
         self._warned = False
 
-    async def beat(self, workers: dict[str, tuple[int, int]] | None = None) -> Share:
-        """Announce this process with, per worker URL, (the limit it learned, the requests it holds there);
-        drop the silent ones; return this process's share (the last one known when Redis does not answer)."""
+    async def beat(self, workers: dict[str, tuple[int, int]] | None = None, tenants: Tenants | None = None) -> Share:
+        """Announce this process with, per worker URL, (the limit it learned, the requests it holds there), and
+        its tenants (per pool and class, what each holds); drop the silent ones; return this process's share
+        (the last one known when Redis does not answer, when ``elsewhere`` also stays as it was)."""
         now = self._clock() if self._clock is not None else time.monotonic()
         try:
-            members, reported = await self._script(
-                keys=[self.key, self.limits_key],
+            members, reported, tenant_reports = await self._script(
+                keys=[self.key, self.limits_key, self.tenants_key],
                 args=[self.id, 3 * self.beat_s, max(10, int(30 * self.beat_s)), orjson.dumps(workers or {}),
-                      "" if self._clock is None else repr(now)])
+                      "" if self._clock is None else repr(now), orjson.dumps(report_of(tenants or {}))])
         except Exception as exc:
             if not self._warned:
                 log.error("Redis unreachable (%s): keeping this process's part of each worker's limit at %s",
@@ -165,6 +211,16 @@ class Replicas:
                 if url in agreed and held > part.of_limit(agreed[url]):
                     excess[url] = excess.get(url, 0) + held - part.of_limit(agreed[url])
         self.agreed, self.excess = agreed, excess
+        elsewhere: Tenants = {}
+        for member, raw in zip(tenant_reports[::2], tenant_reports[1::2], strict=True):
+            if member.decode() == self.id or member.decode() not in self.live:
+                continue
+            for pool, classes in _read_tenants(raw).items():
+                for klass, held in classes.items():
+                    into = elsewhere.setdefault(pool, {}).setdefault(klass, {})
+                    for tenant, n in held.items():
+                        into[tenant] = into.get(tenant, 0) + n
+        self.elsewhere = elsewhere
         young = now - self._joined < 2 * self.beat_s and len(self.live) > 1
         self.share = Share(self.live.index(self.id), len(self.live), ready=not young)
         return self.share
@@ -180,5 +236,6 @@ class Replicas:
         try:
             await self.redis.zrem(self.key, self.id)
             await self.redis.hdel(self.limits_key, self.id)
+            await self.redis.hdel(self.tenants_key, self.id)
         except Exception:  # leaving is best effort: silence does the same a moment later
             pass

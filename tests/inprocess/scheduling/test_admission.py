@@ -152,15 +152,19 @@ def test_a_request_that_would_miss_its_deadline_is_shed_at_once() -> None:
         await settle()
         assert state.queues["standard"].count == 3
         with pytest.raises(Shed) as caught:
-            await h.admit(h.ctx("s2"))
+            await h.admit(h.ctx("s1"))
         assert caught.value.code == "queue_overloaded" and caught.value.reason == "predicted_wait"
         status, headers, _ = render(caught.value)
         assert status == 429 and dict(headers)[b"retry-after"] == b"2", "4 ahead at 2/s"
         assert state.queues["standard"].count == 3, "shed at once, never queued"
-        h.worker.learned.limit_found = False  # a fresh engine whose limit is still growing: no forecast
-        late = h.queue("s2")
+        other = h.queue("s2")  # another tenant goes after one of s1's (fair turns): 1 s away, it waits
         await settle()
-        assert state.queues["standard"].count == 4 and not late.done(), "it waits instead"
+        assert state.queues["standard"].count == 4 and not other.done()
+        waiting.append(other)
+        h.worker.learned.limit_found = False  # a fresh engine whose limit is still growing: no forecast
+        late = h.queue("s1")
+        await settle()
+        assert state.queues["standard"].count == 5 and not late.done(), "it waits instead"
         for task in [*waiting, late]:
             task.cancel()
         for ctx in running:
@@ -244,6 +248,29 @@ def test_a_flooding_tenant_leaves_a_slot_for_another_active_tenant() -> None:
         assert again.done(), "so its next request starts at once too"
         for task in flood:
             task.cancel()
+    asyncio.run(main())
+
+
+def test_the_slot_left_for_a_quiet_tenant_is_one_its_class_may_take() -> None:
+    """Slots held back for premium are no room for a quiet standard tenant: the flood stops one short of the
+    reserve, not at it."""
+    async def main() -> None:
+        h = Harness(tenant_headroom=0.1, premium_reserve=0.25)
+        h.worker.learned.limit = 8
+        h.release(await h.admit(h.ctx("s2")))  # a second standard tenant has used the pool this minute
+        flood = [h.queue("s1") for _ in range(12)]
+        await settle()
+        assert h.pool.held == {"s1": 5}, "two slots for premium, one for the quiet tenant"
+        quiet = h.queue("s2")
+        await settle()
+        assert quiet.done(), "the quiet tenant starts at once beside the flood"
+        for task in flood:
+            task.cancel()
+        await settle()
+        for task in flood:
+            if task.done() and not task.cancelled():
+                h.release(task.result())
+        h.release(quiet.result())
     asyncio.run(main())
 
 
@@ -387,23 +414,48 @@ def test_premium_still_queued_at_half_its_deadline_goes_past_this_process_s_part
     asyncio.run(main())
 
 
-def test_a_tenant_over_its_fair_share_does_not_go_past_the_part() -> None:
+def test_a_tenant_over_its_fair_share_of_the_fleet_does_not_go_past_the_part() -> None:
     """Past this process's part a request waits in the engine's own queue, ahead of whatever comes next: a
     flooding premium tenant's requests there made a quiet one's wait behind them. So only a tenant under its
-    fair share of the class goes past; the one over it waits for a slot here, and is shed at its deadline."""
+    fair share of the class across the fleet (the workers' whole limits over the tenants any process saw, with
+    what the others hold as their heartbeats report it) goes past; one at it waits for a slot here, and is shed
+    at its deadline."""
     async def main() -> None:
         h = Harness(tiers={"premium": {"max_queue_wait_ms": 200}}, tenant_headroom=0.5)
         h.worker.learned.limit = 8
-        h.controller.share = Share(0, 2)  # this process's part: 4; premium's fair share with two tenants: 2
+        h.controller.share = Share(0, 2)  # this process's part: 4 of 8; two premium tenants: a fair share of 4
+        h.controller.fleet_changed({"p": {"premium": {"p1": 2}}})  # the other process holds two of p1's
         held = [await h.admit(h.ctx("p2")), await h.admit(h.ctx("s1"))]
         held += [await h.admit(h.ctx("p1")), await h.admit(h.ctx("p1"))]  # the part is full
         with pytest.raises(Shed) as caught:
-            await h.admit(h.ctx("p1"))  # holds its fair share: waits here
+            await h.admit(h.ctx("p1"))  # holds its fair share of the fleet, two here and two there: waits here
         assert caught.value.reason == "deadline"
         again = await h.admit(h.ctx("p2"))  # under its share: past the part after half its wait
         assert again.past_limit and h.pool.held == {"p1": 2, "p2": 2, "s1": 1}
         for ctx in (*held, again):
             h.release(ctx)
+    asyncio.run(main())
+
+
+def test_a_tenant_flooding_one_process_stays_in_its_part_when_another_process_has_a_tenant() -> None:
+    """A tenant whose traffic reaches only this process sees no other tenant here; the slots past this process's
+    part are the other process's, where a quiet tenant this one never sees is next. Its report (a tenant active
+    there, holding nothing) makes the flood's fair share half the fleet, which its part already is."""
+    async def main() -> None:
+        for quiet_elsewhere in (False, True):
+            h = Harness(tiers={"premium": {"max_queue_wait_ms": 200}}, tenant_headroom=0.5)
+            h.worker.learned.limit = 8
+            h.controller.share = Share(0, 2)
+            h.controller.fleet_changed({"p": {"premium": {"p2": 0}}} if quiet_elsewhere else {})
+            held = [await h.admit(h.ctx("p1")) for _ in range(4)]  # the part is full, all of it p1's
+            assert h.controller.tenants() == {"p": {"premium": {"p1": 4}}}, "what its heartbeat reports"
+            if quiet_elsewhere:
+                with pytest.raises(Shed):
+                    await h.admit(h.ctx("p1"))
+            else:
+                assert (await h.admit(h.ctx("p1"))).past_limit, "alone in the fleet: the other part is free"
+            for ctx in held:
+                h.release(ctx)
     asyncio.run(main())
 
 

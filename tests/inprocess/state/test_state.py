@@ -6,6 +6,7 @@ import asyncio
 import uuid
 from pathlib import Path
 
+import orjson
 import pytest
 import redis
 import yaml
@@ -95,6 +96,38 @@ def test_an_unreadable_entry_counts_the_process_but_not_its_report(namespace: st
             share = await a.beat({"http://w1": (5, 0)})
             assert share.of == 2 and share.ready, "b is still live: a keeps to its part"
             assert a.agreed == {"http://w1": 5} and a.excess == {}, "b's unreadable report is left out"
+        await state.close()
+    asyncio.run(main())
+
+
+def test_each_process_sees_what_the_others_tenants_hold(namespace: str) -> None:
+    """The tenants' report rides on the heartbeat: each process gets the others' sum, never its own, a silent
+    process's report goes with it, and a report of another shape is read only as far as it is well formed."""
+    async def main() -> None:
+        clock = Clock()
+        state = SharedState(StatePolicy(redis_url=REDIS_URL, namespace=namespace))
+        a, b, c = (Replicas(state, ALONE, beat_s=BEAT_S, clock=clock) for _ in range(3))
+        await a.beat(tenants={"p": {"premium": {"flood": 4}}})
+        await b.beat(tenants={"p": {"premium": {"quiet": 0, "flood": 1}}})
+        await c.beat(tenants={"p": {"premium": {"flood": 2}, "batch": {"nightly": 3}}})
+        await a.beat(tenants={"p": {"premium": {"flood": 4}}})
+        assert a.elsewhere == {"p": {"premium": {"quiet": 0, "flood": 3}, "batch": {"nightly": 3}}}
+        await b.beat(tenants={"p": {"premium": {"quiet": 0, "flood": 1}}})
+        assert b.elsewhere == {"p": {"premium": {"flood": 6}, "batch": {"nightly": 3}}}
+
+        assert state.redis is not None
+        garbage = {"p": {"premium": {"flood": -1, "x" * 200: 5, "ok": 2, "float": 1.5}, "batch": [1]}, "q": 7}
+        await state.redis.hset(f"{namespace}:replica-tenants", c.id, orjson.dumps(garbage))
+        await a.beat(tenants={})
+        assert a.elsewhere == {"p": {"premium": {"quiet": 0, "flood": 1, "ok": 2}}}, "only what is well formed"
+        await state.redis.hset(f"{namespace}:replica-tenants", c.id, b"not json")
+        await a.beat(tenants={})
+        assert a.elsewhere == {"p": {"premium": {"quiet": 0, "flood": 1}}}
+
+        for _ in range(4):  # b and c fall silent: their reports go with them
+            clock.now += BEAT_S
+            await a.beat(tenants={})
+        assert a.live == [a.id] and a.elsewhere == {}
         await state.close()
     asyncio.run(main())
 
