@@ -15,6 +15,7 @@ and its route.
 
 from __future__ import annotations
 
+import abc
 import time
 from collections.abc import Collection, Sequence
 from typing import Any, Protocol
@@ -36,7 +37,7 @@ class AfterDispatch(Protocol):
     def refused(self, affinity: Affinity, worker: Worker) -> None: ...
 
 
-class Router:
+class Router(abc.ABC):
     """A pool's routing: where a request's first try goes (``first``), a retry (``retry``), and what the
     profile learns as each try is sent (``taken``) or fails (``refused``). ``index``: the pool's prefix index,
     kept by every profile (it outlives a change of profile, and the admin view reads it)."""
@@ -52,9 +53,9 @@ class Router:
         """What this profile reads of a request's body to route it (None: nothing)."""
         return None
 
+    @abc.abstractmethod
     def first(self, affinity: Affinity | None, room: Collection[Worker]) -> tuple[Worker | None, str | None]:
         """The worker for a request's first try and why (``ctx.route``); ``room``: the scheduler's view."""
-        raise NotImplementedError
 
     def retry(self, exclude: Collection[Worker]) -> tuple[Worker | None, str | None]:
         """The least loaded worker not tried yet, and why."""

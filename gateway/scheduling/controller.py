@@ -258,8 +258,7 @@ class Controller:
             if klass is None or not self._fits_now(state, scheduling, klass, now, queued=True):
                 break
             total = capacity(state.workers, state.spec, scheduling, now, self.share)
-            blocked = state.blocked_tenants(klass, total, scheduling, now, self._reserved(state, total, scheduling,
-                                                                                         klass))
+            blocked = state.blocked_tenants(klass, total, scheduling, now, self._reserved(total, scheduling, klass))
             if klass == "premium" and state.granted >= total:  # past this process's part: the fleet's shares
                 blocked |= self._fleet_heavy(state, scheduling, now)
             waiter = state.queues[klass].pop(skip=blocked)
@@ -306,17 +305,14 @@ class Controller:
         total = capacity(state.workers, state.spec, scheduling, now, self.share)
         free = total - state.granted
         if tenant is not None and tenant in state.blocked_tenants(klass, total, scheduling, now,
-                                                                  self._reserved(state, total, scheduling, klass)):
+                                                                  self._reserved(total, scheduling, klass)):
             return False
         if klass == "premium":
             return free > 0 or (self._premium_past_limit(state, scheduling, now)
                                 and (tenant is None or tenant not in self._fleet_heavy(state, scheduling, now)))
-        reserve = held_back(total, scheduling.premium_reserve)
-        if klass == "standard":
-            return free > reserve
-        if state.queues["premium"].count or state.queues["standard"].count:
+        if klass == "batch" and (state.queues["premium"].count or state.queues["standard"].count):
             return False
-        return free > max(reserve, held_back(total, scheduling.batch_headroom))
+        return free > self._reserved(total, scheduling, klass)
 
     def with_room(self, state: PoolState, scheduling: SchedulingPolicy) -> set[Worker]:
         """The pool's workers that can start one more request now (they hold fewer than their limit), for the
@@ -340,8 +336,8 @@ class Controller:
         return state.spec.engine_priority and self._premium_within_limits(state, scheduling, now)
 
     @staticmethod
-    def _reserved(state: PoolState, total: int, scheduling: SchedulingPolicy, klass: str) -> int:
-        """The slots ``klass`` leaves to the classes above it (what ``_fits_now`` holds back)."""
+    def _reserved(total: int, scheduling: SchedulingPolicy, klass: str) -> int:
+        """The slots ``klass`` leaves to the classes above it: premium's reserve, and batch's headroom."""
         if klass == "premium":
             return 0
         reserve = held_back(total, scheduling.premium_reserve)

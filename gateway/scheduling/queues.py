@@ -161,16 +161,17 @@ class PoolState:
         about one arrival in seven (Poisson arithmetic); one free slot made its TTFT p95 6.3x what it had
         alone, because its second request waited for the flood's next release (loadtest/RESULTS.md). A lone
         tenant is never blocked, and nothing is held back while the pool has more than the cap free.
-        ``reserved``: slots the class may not take (held back for the classes above): they are not free for its
-        quiet tenants (a standard flood filled to the premium reserve while the reserve counted as the quiet
-        one's room, and its requests queued: TTFT p95 439 ms against 81 ms alone)."""
+        ``reserved``: slots the class may not take (held back for the classes above) are no room for its quiet
+        tenants: counted as free, a standard flood filled the class up to the premium reserve and the quiet
+        tenant's next request waited for a release (the admission tests hold it; on the fairness matrix's
+        standard cell it did not move the quiet tenant's p95, loadtest/RESULTS.md)."""
         if not scheduling.tenant_headroom:
             return set()
         free_after = total - reserved - self.granted - 1
         cap = held_back(total, scheduling.tenant_headroom)
         if free_after >= cap:
             return set()
-        active = [tenant for (k, tenant), t in self.seen.items() if k == klass and now - t < ACTIVE_S]
+        active = self.active_in(klass, now)
         if len(active) < 2:
             return set()
         fair = total / len(active)
@@ -183,6 +184,10 @@ class PoolState:
             else:
                 reserve += max(0, min(self.demand(tenant), math.ceil(fair)) - held)
         return heavy if free_after < min(max(1, reserve), cap) else set()
+
+    def active_in(self, klass: str, now: float) -> list[str]:
+        """The tenants of ``klass`` that asked for this pool in the last minute."""
+        return [tenant for (k, tenant), t in self.seen.items() if k == klass and now - t < ACTIVE_S]
 
     def active(self, now: float) -> dict[str, dict[str, int]]:
         """The tenants that asked for this pool in the last minute, by class, with what each holds here: what
@@ -200,8 +205,7 @@ class PoolState:
         where a tenant that only that process sees may be next: so it is judged by the fleet, not by the
         tenants this process alone sees (with one process the two agree)."""
         others = self.elsewhere.get(klass, {})
-        active = {tenant for (k, tenant), t in self.seen.items() if k == klass and now - t < ACTIVE_S}
-        active.update(others)
+        active = {*self.active_in(klass, now), *others}
         if len(active) < 2:
             return set()
         fair = whole / len(active)
