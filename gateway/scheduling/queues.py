@@ -161,10 +161,11 @@ class PoolState:
         about one arrival in seven (Poisson arithmetic); one free slot made its TTFT p95 6.3x what it had
         alone, because its second request waited for the flood's next release (loadtest/RESULTS.md). A lone
         tenant is never blocked, and nothing is held back while the pool has more than the cap free.
-        ``reserved``: slots the class may not take (held back for the classes above) are no room for its quiet
-        tenants: counted as free, a standard flood filled the class up to the premium reserve and the quiet
-        tenant's next request waited for a release (the admission tests hold it; on the fairness matrix's
-        standard cell it did not move the quiet tenant's p95, loadtest/RESULTS.md)."""
+        ``reserved``: slots the class may not take (held back for the classes above) are neither room for its
+        quiet tenants nor part of anyone's fair share: the share is of what the class may take. A share of the
+        whole pool let a standard flood hold 8 of the 12 slots standard has of 16, and a quiet tenant needing 5
+        at its bursts waited in the queue for the flood's releases (its TTFT p95 313 ms beside the flood against
+        83 ms alone, loadtest/RESULTS.md)."""
         if not scheduling.tenant_headroom:
             return set()
         free_after = total - reserved - self.granted - 1
@@ -174,7 +175,7 @@ class PoolState:
         active = self.active_in(klass, now)
         if len(active) < 2:
             return set()
-        fair = total / len(active)
+        fair = (total - reserved) / len(active)
         reserve = 0
         heavy: set[str] = set()
         for tenant in active:

@@ -274,6 +274,26 @@ def test_the_slot_left_for_a_quiet_tenant_is_one_its_class_may_take() -> None:
     asyncio.run(main())
 
 
+def test_a_fair_share_is_of_what_the_class_may_take() -> None:
+    """Two standard tenants share the six slots standard has of eight (two are premium's): three each, not
+    half of the eight, or the flood's fourth slot is the quiet tenant's third."""
+    async def main() -> None:
+        h = Harness(tenant_headroom=0.5, premium_reserve=0.25)
+        h.worker.learned.limit = 8
+        await h.overlapping("s2", 3)  # the quiet tenant runs three at once
+        flood = [h.queue("s1") for _ in range(12)]
+        await settle()
+        assert h.pool.held == {"s1": 3}, "the flood stops at its share of the class's six"
+        quiet = [h.queue("s2") for _ in range(3)]
+        await settle()
+        assert all(t.done() for t in quiet), "all three of the quiet tenant's requests start at once"
+        for task in quiet:
+            h.release(task.result())
+        for task in flood:
+            task.cancel()
+    asyncio.run(main())
+
+
 def test_the_slots_left_free_follow_how_much_the_quiet_tenant_overlaps_itself() -> None:
     async def main() -> None:
         h = Harness(tenant_headroom=0.5)
