@@ -27,6 +27,8 @@ engine serving 64).
 
 from __future__ import annotations
 
+import collections
+
 from gateway.fleet.worker import Worker
 from gateway.policy.schema import Pool, SchedulingPolicy
 from gateway.state.replicas import ALONE, Share
@@ -64,14 +66,15 @@ def learn(worker: Worker, ceiling: int, wanted: bool = False) -> None:
     has room, so only two reads in a row with requests waiting lower the limit, and to the most the engine
     ran in its last eight reads, not at this one: under churn (short requests finishing and new ones arriving
     between steps) a read often catches a slot in passing, and trusting it shrank the limit below what the
-    engine runs (measured: premium shed while a batch of short lines drained)."""
+    engine runs (measured: premium shed while a batch of short lines drained). Nor while what it runs still
+    moves (_at_plateau)."""
     learned, observed = worker.learned, worker.observed
     if observed.metrics_error is not None:
         return  # nothing new was read
     current = learned.limit or min(ceiling, START_LIMIT)
     learned.recent_running.append(observed.running)
     if observed.waiting > 0:
-        if learned.queued_reads:
+        if learned.queued_reads and _at_plateau(learned.recent_running):
             current = max(1, int(max(learned.recent_running)))
             learned.hold_reads = SEQUENCE_HOLD_READS if observed.kv_usage <= SEQUENCE_BOUND_KV else HOLD_READS
             learned.limit_found = True
@@ -90,6 +93,15 @@ def learn(worker: Worker, ceiling: int, wanted: bool = False) -> None:
     # made while the metrics held the limit: it would grow past what the engine runs, unseen)
     learned.stream_limit = float(learned.limit)
     learned.slow_start = not learned.limit_found
+
+
+def _at_plateau(running: collections.deque[float]) -> bool:
+    """Does the engine run as many as at the read before, and as many as at any of the recent reads? An engine
+    at its cap runs its cap at every read; one whose load is climbing (a ramp the gateway paces, or a burst
+    arriving over several steps) shows arrivals waiting for the next step at most reads: read as its cap, each
+    such pair lowered the limit to the ramp's level of the moment and held it there for minutes (64 to 41 and
+    31 as a paced flood ramped up after an idle spell; 64 and 59 with this rule, loadtest/RESULTS.md)."""
+    return len(running) < 2 or running[-1] == running[-2] == max(running)
 
 
 def worker_slots(worker: Worker, spec: Pool, scheduling: SchedulingPolicy, now: float,

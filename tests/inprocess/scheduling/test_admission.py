@@ -555,6 +555,19 @@ def test_churn_does_not_shrink_the_learned_limit() -> None:
     assert worker.learned.limit == 4, "the engine ran 4 in recent reads: that is its concurrency"
 
 
+def test_a_climbing_load_is_no_cap() -> None:
+    """A load ramping up shows arrivals waiting for the next step at every read: the limit stays; the same
+    engine then running 40 at two reads in a row with requests waiting is at its cap."""
+    worker = live_worker("http://w", limit=64)
+    worker.learned.limit_found = True
+    for running in (2, 9, 17, 26, 33, 40):
+        worker.observed.running, worker.observed.waiting = running, 2
+        learn(worker, ceiling=64)
+    assert worker.learned.limit == 64, "each read ran more than the one before"
+    learn(worker, ceiling=64)
+    assert worker.learned.limit == 40, "40 twice, with requests waiting: what it runs"
+
+
 def test_without_metrics_the_limit_is_learned_from_the_answers() -> None:
     """An engine that shows nothing: uncongested answers raise the limit (doubling at first), slow ones lower
     it by a tenth but not below what the engine ran uncongested, a worker failure halves it."""
