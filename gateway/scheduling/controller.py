@@ -52,6 +52,12 @@ DEADLINE_SHARE = 0.8
 SPILL_SHARE = 0.5
 
 
+def _stream(ctx: RequestContext) -> int | None:
+    """A streamed request's key while it is starting (PoolState.take): its context's identity, unique while
+    it is admitted, where its X-Request-Id is the client's to choose."""
+    return id(ctx) if ctx.stream else None
+
+
 class Controller:
     """Per-pool admission; the one place that counts what each pool has started."""
 
@@ -131,7 +137,7 @@ class Controller:
         self._tenant_take(ctx, policy.server.tenant_max_concurrency)
         try:
             if policy.scheduling.mode == "fifo":
-                state.take(ctx.tenant.name, ctx.service_class)
+                state.take(ctx.tenant.name, ctx.service_class, _stream(ctx))
             else:
                 await self._wait_turn(ctx, state, policy.scheduling, cost, size)
         except BaseException:
@@ -146,7 +152,7 @@ class Controller:
         self._tenant_give(ctx)
         if ctx.worker is not None:
             self._learn_from(ctx, state, ended)
-        state.give(ctx.tenant.name if ctx.tenant else "", ctx.service_class)
+        state.give(ctx.tenant.name if ctx.tenant else "", ctx.service_class, id(ctx))
         state.completions.append(self.clock())
         self.grant(state, ctx.snapshot.policy.scheduling)
 
@@ -174,7 +180,7 @@ class Controller:
         if scheduling.tenant_headroom:
             state.arrived(tenant)
         if self._fits_now(state, scheduling, klass, now, tenant=tenant):
-            state.take(tenant, klass)
+            state.take(tenant, klass, _stream(ctx))
             return
         deadline_s = self._max_wait(ctx, klass)
         # Premium is never refused on a forecast: slots free in waves, so the forecast is coarse, and a premium
@@ -211,7 +217,7 @@ class Controller:
                              "waited its class's longest queue wait") from None
         except asyncio.CancelledError:  # the client left (or the server stops)
             if waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
-                state.give(tenant, klass)  # granted but never started: give the slot to the next one
+                state.give(tenant, klass, id(ctx))  # granted but never started: the slot to the next one
                 self.grant(state, scheduling)
             else:
                 self._forget(state, waiter)
@@ -246,7 +252,7 @@ class Controller:
         if waiter.tenant in self._fleet_heavy(state, scheduling, now):
             return False  # a tenant over its fair share waits here: in the engine it would queue ahead of the others
         self._forget(state, waiter)
-        state.take(waiter.tenant, waiter.ctx.service_class)
+        state.take(waiter.tenant, waiter.ctx.service_class, _stream(waiter.ctx))
         waiter.ctx.past_limit = True
         return True
 
@@ -258,7 +264,7 @@ class Controller:
             if klass is None or not self._fits_now(state, scheduling, klass, now, queued=True):
                 break
             total = capacity(state.workers, state.spec, scheduling, now, self.share)
-            blocked = state.blocked_tenants(klass, total, scheduling, now, self._reserved(total, scheduling, klass))
+            blocked = self._held_back(state, scheduling, klass, total, now)
             if klass == "premium" and state.granted >= total:  # past this process's part: the fleet's shares
                 blocked |= self._fleet_heavy(state, scheduling, now)
             waiter = state.queues[klass].pop(skip=blocked)
@@ -267,7 +273,7 @@ class Controller:
             state.queued_bytes -= waiter.size
             if waiter.future.done():
                 continue
-            state.take(waiter.tenant, klass)
+            state.take(waiter.tenant, klass, _stream(waiter.ctx))
             waiter.future.set_result(None)
 
     @staticmethod
@@ -288,13 +294,13 @@ class Controller:
     def first_token(self, ctx: RequestContext, state: PoolState, worker: Worker, scheduling: SchedulingPolicy,
                     held: int, ttft: float) -> None:
         """A stream's first token from ``worker`` (``ttft``: the engine's part): learn from it, and grant what
-        a larger limit now fits (a fresh engine without metrics grows within a few TTFTs, not stream ends).
-        A request sent past the limit may have waited in the engine by design: it teaches nothing."""
-        if ctx.past_limit:
-            return
-        before = worker.learned.stream_limit
-        answered(worker, state.spec.max_inflight_per_worker, held, ttft)
-        if int(worker.learned.stream_limit) > int(before) and any(q.count for q in state.queues.values()):
+        now fits: a larger limit (a fresh engine without metrics grows within a few TTFTs, not stream ends), or
+        the tenant's next stream if it was paced (queues.PoolState.paced). A request sent past the limit may
+        have waited in the engine by design: it teaches nothing."""
+        state.started(ctx.tenant.name if ctx.tenant else "", id(ctx))
+        if not ctx.past_limit:
+            answered(worker, state.spec.max_inflight_per_worker, held, ttft)
+        if any(q.count for q in state.queues.values()):
             self.grant(state, scheduling)
 
     def _fits_now(self, state: PoolState, scheduling: SchedulingPolicy, klass: str, now: float,
@@ -304,8 +310,7 @@ class Controller:
             return False  # others of its class or above are waiting first
         total = capacity(state.workers, state.spec, scheduling, now, self.share)
         free = total - state.granted
-        if tenant is not None and tenant in state.blocked_tenants(klass, total, scheduling, now,
-                                                                  self._reserved(total, scheduling, klass)):
+        if tenant is not None and tenant in self._held_back(state, scheduling, klass, total, now):
             return False
         if klass == "premium":
             return free > 0 or (self._premium_past_limit(state, scheduling, now)
@@ -334,6 +339,16 @@ class Controller:
         requests, not this process's part of them: once replicas split each worker's limit, a process's part
         is two slots of four, and premium bursts waited past their deadline while the engines had room."""
         return state.spec.engine_priority and self._premium_within_limits(state, scheduling, now)
+
+    def _held_back(self, state: PoolState, scheduling: SchedulingPolicy, klass: str, total: int,
+                   now: float) -> set[str]:
+        """Tenants of ``klass`` that may not take the next slot: over their share while others need room
+        (blocked_tenants), or with as many streams still starting as the flow needs (paced)."""
+        reserved = self._reserved(total, scheduling, klass)
+        blocked = state.blocked_tenants(klass, total, scheduling, now, reserved)
+        if scheduling.tenant_headroom and state.starting:
+            blocked |= state.paced(klass, total - reserved, now)
+        return blocked
 
     @staticmethod
     def _reserved(total: int, scheduling: SchedulingPolicy, klass: str) -> int:

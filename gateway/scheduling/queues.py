@@ -118,13 +118,27 @@ class PoolState:
     completions: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=256))
     elsewhere: dict[str, dict[str, int]] = field(default_factory=dict)  # class -> tenant -> what the other gateway
     # processes report it holds in this pool (their heartbeats: Controller.fleet_changed)
+    starting: dict[str, set[int]] = field(default_factory=dict)  # tenant -> its streams granted that have not
+    # shown a first token (by id() of their contexts: a client chooses its X-Request-Id, and may repeat one)
 
-    def take(self, tenant: str, klass: str) -> None:
+    def take(self, tenant: str, klass: str, stream: int | None = None) -> None:
+        """A slot granted; ``stream``: a streamed request's key (Controller._stream), starting until its first
+        token."""
         self.granted += 1
         self.premium += klass == "premium"
         self.held[tenant] = self.held.get(tenant, 0) + 1
+        if stream is not None:
+            self.starting.setdefault(tenant, set()).add(stream)
 
-    def give(self, tenant: str, klass: str) -> None:
+    def started(self, tenant: str, key: int) -> None:
+        """The request's first token came (or it ended without one): it is past its prefill."""
+        ids = self.starting.get(tenant)
+        if ids is not None:
+            ids.discard(key)
+            if not ids:
+                del self.starting[tenant]
+
+    def give(self, tenant: str, klass: str, key: int | None = None) -> None:
         self.granted -= 1
         self.premium -= klass == "premium"
         left = self.held.get(tenant, 1) - 1
@@ -132,6 +146,8 @@ class PoolState:
             self.held[tenant] = left
         else:
             self.held.pop(tenant, None)
+        if key is not None:
+            self.started(tenant, key)
 
     def arrived(self, tenant: str) -> None:
         """A request of ``tenant`` asks for a slot: note how many of its own it already has in flight."""
@@ -185,6 +201,43 @@ class PoolState:
             else:
                 reserve += max(0, min(self.demand(tenant), math.ceil(fair)) - held)
         return heavy if free_after < min(max(1, reserve), cap) else set()
+
+    def paced(self, klass: str, room: int, now: float) -> set[str]:
+        """Tenants of ``klass`` that may not start another stream yet: those holding at least their fair share
+        of ``room`` (the slots the class may take) with as many streams before their first token as the pool's
+        steady flow needs (``prefill_bound``).
+
+        Why: equal answers started together end together, and the slots a wave of them frees went to the
+        flooding tenant at once: the engine then prefilled the whole wave in one step (26 prompts of ~256
+        tokens: about half a second on the simulator's arithmetic), and a quiet tenant's request arriving then
+        waited for that step, 0.2 ms of its wait in the gateway's queue. Paced, the wave's slots refill as the
+        prompts before them reach their first token, and what a new request waits behind in an engine is the
+        flow's few prefills, not a wave's: on the fairness matrix's 2 x 64 cell the quiet tenant's TTFT p95
+        beside the flood was 467, 401 and 585 ms unpaced, 317, 262 and 252 paced (66-70 ms alone), with the
+        flood answering as many (loadtest/RESULTS.md). Streams only: a whole answer shows no first token."""
+        if not self.starting:
+            return set()
+        bound = self.prefill_bound(now)
+        crowded = [t for t, ids in self.starting.items() if len(ids) >= bound]
+        if not crowded:
+            return set()
+        active = self.active_in(klass, now)
+        if len(active) < 2:
+            return set()
+        fair = room / len(active)
+        return {t for t in crowded if t in active and self.held.get(t, 0) >= fair}
+
+    def prefill_bound(self, now: float) -> int:
+        """How many of one tenant's streams may be before their first token at once: the pool's completions
+        per second times the workers' least time to a first token (Little's law: the prompts the flow has
+        starting while none queues in an engine), plus one per worker, so each engine has its next prompt.
+        The least time, not the learner's uncongested bound (twice it, plus 50 ms): on the matrix's 2 x 64
+        cell the quiet tenant's p95 was 214 and 168 ms against 317, 262 and 252, and the flood answered as
+        many beside it (47.5-49.0 a second against 47.8-48.1), its engines being bound by prefill, not by how
+        many prompts the gateway lets start at once."""
+        floors = [w.learned.ttft_floor for w in self.workers if w.learned.ttft_floor > 0]
+        ttft = sum(floors) / len(floors) if floors else 0.0
+        return math.ceil(self.drain_rate(now) * ttft) + max(1, len(self.workers))
 
     def active_in(self, klass: str, now: float) -> list[str]:
         """The tenants of ``klass`` that asked for this pool in the last minute."""

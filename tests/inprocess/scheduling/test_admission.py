@@ -294,6 +294,48 @@ def test_a_fair_share_is_of_what_the_class_may_take() -> None:
     asyncio.run(main())
 
 
+def test_a_flood_over_its_share_starts_a_stream_as_one_before_it_shows_its_first_token() -> None:
+    """Slots freed together go to a flooding tenant one prefill at a time, not as a wave the engine prefills
+    in one long step; a lone tenant, and a quiet one, start at once."""
+    async def main() -> None:
+        h = Harness(tenant_headroom=0.5)
+        h.worker.learned.limit = 8
+
+        def stream(tenant: str) -> asyncio.Task[RequestContext]:
+            ctx = h.ctx(tenant)
+            ctx.stream = True
+            return asyncio.ensure_future(h.admit(ctx))
+
+        alone = [stream("p1") for _ in range(6)]
+        await settle()
+        assert all(t.done() for t in alone), "a lone tenant's streams all start at once"
+        for task in alone:
+            h.release(task.result())
+        h.clock.now += 11  # no completions in the drain window: the bound is one prompt per worker
+        h.release(await h.admit(h.ctx("p2")))  # a second premium tenant has used the pool this minute
+        flood = [stream("p1") for _ in range(6)]
+        await settle()
+        assert h.pool.held == {"p1": 4}, "up to its fair share (4 of 8) unpaced"
+        scheduling = h.snap.policy.scheduling
+        for task in flood[:3]:
+            h.controller.first_token(task.result(), h.pool, h.worker, scheduling, held=4, ttft=0.03)
+        await settle()
+        assert h.pool.held == {"p1": 4}, "one of its prompts still before its first token: the next waits"
+        h.controller.first_token(flood[3].result(), h.pool, h.worker, scheduling, held=4, ttft=0.03)
+        await settle()
+        assert h.pool.held == {"p1": 5}, "none left before a first token: the next one starts"
+        quiet = stream("p2")
+        await settle()
+        assert quiet.done(), "the quiet tenant starts at once"
+        h.release(quiet.result())
+        for task in flood:
+            task.cancel()
+        await settle()
+        assert h.pool.starting == {"p1": {id(flood[4].result())}}, \
+            "counted per request, though all share one request id (the tenant's name), until its first token"
+    asyncio.run(main())
+
+
 def test_the_slots_left_free_follow_how_much_the_quiet_tenant_overlaps_itself() -> None:
     async def main() -> None:
         h = Harness(tenant_headroom=0.5)
