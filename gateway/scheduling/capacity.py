@@ -83,8 +83,8 @@ def learn(worker: Worker, ceiling: int, wanted: bool = False) -> None:
         learned.queued_reads = 0
         if learned.hold_reads:
             learned.hold_reads -= 1
-        elif observed.running >= 0.9 * current or (wanted and not learned.limit_found
-                                                   and observed.running >= 0.9 * worker.inflight > 0):
+        elif _in_use(worker, current) and (observed.running >= 0.9 * current or (
+                wanted and not learned.limit_found and observed.running >= 0.9 * worker.inflight > 0)):
             # doubling until the engine first shows its limit (a burst on a fresh worker is not held back for
             # long), then a quarter at a time
             current = current + (current if not learned.limit_found else max(1, current // 4))
@@ -93,6 +93,15 @@ def learn(worker: Worker, ceiling: int, wanted: bool = False) -> None:
     # made while the metrics held the limit: it would grow past what the engine runs, unseen)
     learned.stream_limit = float(learned.limit)
     learned.slow_start = not learned.limit_found
+
+
+def _in_use(worker: Worker, limit: int) -> bool:
+    """Is this process's limit for the worker the one its requests are held to? Not when the processes agreed
+    on a lower one (another replica learned less): the engine's reads then say nothing about this limit, and
+    the engine's running counts the other replicas' requests too, so this one grew on every read while it had
+    a request queued, to the ceiling (8 to 256 in three seconds), and the next replica's probe above the
+    engine's cap raised what both may send (loadtest/RESULTS.md, two replicas)."""
+    return not worker.agreed.limit or limit <= worker.agreed.limit
 
 
 def _at_plateau(running: collections.deque[float]) -> bool:

@@ -610,6 +610,20 @@ def test_a_climbing_load_is_no_cap() -> None:
     assert worker.learned.limit == 40, "40 twice, with requests waiting: what it runs"
 
 
+def test_a_limit_above_the_one_the_replicas_agreed_does_not_grow() -> None:
+    """Another replica learned 8 for the worker: this process's 16 is not what its requests are held to, so a
+    busy engine (running the other replica's requests too) says nothing about it."""
+    worker = live_worker("http://w", limit=16)
+    worker.agreed.limit = 8
+    worker.inflight = 4
+    worker.observed.running = 16
+    learn(worker, ceiling=256, wanted=True)
+    assert worker.learned.limit == 16, "held to the agreed 8: no growth"
+    worker.agreed.limit = 16
+    learn(worker, ceiling=256, wanted=True)
+    assert worker.learned.limit == 32, "the lowest limit, the one in use, probes upwards"
+
+
 def test_without_metrics_the_limit_is_learned_from_the_answers() -> None:
     """An engine that shows nothing: uncongested answers raise the limit (doubling at first), slow ones lower
     it by a tenth but not below what the engine ran uncongested, a worker failure halves it."""
