@@ -111,7 +111,8 @@ class Controller:
             state.elsewhere = elsewhere.get(name, {})
 
     def tenants(self) -> dict[str, dict[str, dict[str, int]]]:
-        """This process's tenants of the last minute, per pool and class, with what each holds: its heartbeat's."""
+        """This process's tenants using each pool (PoolState.active), per class, with what each holds: its
+        heartbeat's."""
         now = self.clock()
         return {name: active for name, state in self.states.items() if (active := state.active(now))}
 
@@ -176,7 +177,7 @@ class Controller:
             # nothing to wait for: every worker is down or cooling down
             raise Unavailable(f"No healthy worker serves the model '{ctx.model}' right now.", "upstream_unavailable")
         tenant = ctx.tenant.name if ctx.tenant else ""
-        state.seen[(klass, tenant)] = now
+        state.asked(klass, tenant, now)
         if scheduling.tenant_headroom:
             state.arrived(tenant)
         if self._fits_now(state, scheduling, klass, now, tenant=tenant):

@@ -17,7 +17,14 @@ from gateway.context import RequestContext
 from gateway.fleet.worker import Worker
 from gateway.policy.schema import TIERS, Pool, SchedulingPolicy
 
-ACTIVE_S = 60.0  # a tenant that asked this recently counts as using the pool
+ACTIVE_S = 60.0  # a tenant that asked this recently counts as using the pool, at most
+# A tenant that has not asked for this many of its own mean gaps between requests has stopped, whatever ACTIVE_S
+# says: a Poisson sender leaves such a gap once in e^20 of its requests, while a flood at 18 a second is known
+# gone within a second (a minute's claim held its demand free for it: a quiet tenant using a third of the pool
+# queued alone, its p95 522 ms, beside 8 slots left for a flood that had stopped, loadtest/RESULTS.md).
+IDLE_GAPS = 20.0
+ACTIVE_FLOOR_S = 1.0
+GAP_WEIGHT = 0.1  # how fast a tenant's mean gap follows its latest ones
 ARRIVALS_KEPT = 64  # a tenant's recent arrivals from which its concurrency is read
 
 
@@ -111,6 +118,8 @@ class PoolState:
     premium: int = 0  # of those, premium requests
     held: dict[str, int] = field(default_factory=dict)  # granted, by tenant
     seen: dict[tuple[str, str], float] = field(default_factory=dict)  # (class, tenant) -> when it last asked
+    gaps: dict[tuple[str, str], float] = field(default_factory=dict)  # (class, tenant) -> its mean gap between
+    # requests (asked)
     overlaps: dict[str, collections.deque[int]] = field(default_factory=dict)  # tenant -> its own in flight at
     # each of its recent arrivals
     queues: dict[str, ClassQueue] = field(default_factory=lambda: {t: ClassQueue() for t in TIERS})
@@ -149,6 +158,21 @@ class PoolState:
         if key is not None:
             self.started(tenant, key)
 
+    def asked(self, klass: str, tenant: str, now: float) -> None:
+        """A request of ``tenant`` in ``klass`` asks for a slot now: when it last asked, and how often it asks."""
+        key = (klass, tenant)
+        last = self.seen.get(key)
+        if last is not None:
+            gap, mean = now - last, self.gaps.get(key)
+            self.gaps[key] = gap if mean is None else mean + GAP_WEIGHT * (gap - mean)
+        self.seen[key] = now
+
+    def _active(self, key: tuple[str, str], last: float, now: float) -> bool:
+        """Has the tenant asked recently enough, for how often it asks, to count as using the pool?"""
+        gap = self.gaps.get(key)
+        idle_s = ACTIVE_S if gap is None else min(ACTIVE_S, max(ACTIVE_FLOOR_S, IDLE_GAPS * gap))
+        return now - last < idle_s
+
     def arrived(self, tenant: str) -> None:
         """A request of ``tenant`` asks for a slot: note how many of its own it already has in flight."""
         overlaps = self.overlaps.get(tenant)
@@ -168,7 +192,7 @@ class PoolState:
     def blocked_tenants(self, klass: str, total: int, scheduling: SchedulingPolicy, now: float,
                         reserved: int = 0) -> set[str]:
         """Tenants of ``klass`` that may not take the next slot: those holding at least their fair share (the
-        capacity over the class's tenants active in the last minute) when taking it would leave fewer slots
+        capacity over the class's tenants using the pool, active_in) when taking it would leave fewer slots
         free than the tenants under their share need to start their next requests at once (their demand, read
         from their own recent overlaps; at least one slot, at most ``tenant_headroom`` of the capacity).
 
@@ -240,15 +264,16 @@ class PoolState:
         return math.ceil(self.drain_rate(now) * ttft) + max(1, len(self.workers))
 
     def active_in(self, klass: str, now: float) -> list[str]:
-        """The tenants of ``klass`` that asked for this pool in the last minute."""
-        return [tenant for (k, tenant), t in self.seen.items() if k == klass and now - t < ACTIVE_S]
+        """The tenants of ``klass`` using this pool: asked within the last minute, and within IDLE_GAPS of their
+        mean gaps."""
+        return [key[1] for key, t in self.seen.items() if key[0] == klass and self._active(key, t, now)]
 
     def active(self, now: float) -> dict[str, dict[str, int]]:
-        """The tenants that asked for this pool in the last minute, by class, with what each holds here: what
+        """The tenants using this pool (as active_in counts them), by class, with what each holds here: what
         this process tells the others (its heartbeat)."""
         out: dict[str, dict[str, int]] = {}
         for (klass, tenant), t in self.seen.items():
-            if now - t < ACTIVE_S:
+            if self._active((klass, tenant), t, now):
                 out.setdefault(klass, {})[tenant] = self.held.get(tenant, 0)
         return out
 

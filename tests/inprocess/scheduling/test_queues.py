@@ -82,3 +82,18 @@ def test_the_view_reads_the_queues_it_was_made_from() -> None:
         state.queues["batch"].push(Waiter(None, "t", 1.0, 10, 10, 0.0))  # type: ignore[arg-type]
         assert view.depths() == {"premium": 0, "standard": 0, "batch": 1} and view.queued == 1
     asyncio.run(main())
+
+
+def test_a_tenant_has_stopped_after_many_of_its_own_gaps() -> None:
+    """A flood asking every 50 ms is gone after a second of silence; a tenant asking every 2 s is still there
+    after 10 s; one seen once keeps the minute."""
+    state = PoolState("p", [], Pool.model_validate({"workers": ["http://w0"]}))
+    for i in range(40):
+        state.asked("premium", "flood", 100.0 + 0.05 * i)
+    for i in range(5):
+        state.asked("premium", "slow", 100.0 + 2.0 * i)
+    state.asked("premium", "once", 100.0)
+    assert sorted(state.active_in("premium", 102.0)) == ["flood", "once", "slow"]
+    assert sorted(state.active_in("premium", 103.5)) == ["once", "slow"], "1.5 s is 30 of the flood's gaps"
+    assert sorted(state.active(118.0)["premium"]) == ["once", "slow"], "and so the heartbeat reports them"
+    assert state.active_in("premium", 161.0) == [], "none past the minute"
