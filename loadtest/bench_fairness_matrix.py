@@ -165,6 +165,7 @@ def measure(cell: Cell, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "quiet_rps": round(quiet_rate, 2), "flood_rps": round(flood_rate, 2),
             "quiet_sent": len(beside), "quiet_errors_beside": sum(not r.ok for r in beside),
             "quiet_errors_alone": sum(not r.ok for r in alone),
+            "quiet_error_kinds": sorted({f"{r.status} {r.error or ''}".strip() for r in beside + alone if not r.ok}),
             "quiet_p95_alone_ms": alone_p95, "quiet_p95_beside_ms": beside_p95, "ratio": ratio,
             "met": ratio is not None and ratio <= 1.5 and not any(not r.ok for r in beside),
             "slowest_5pct_queue_wait_ms": round(max(queued), 1) if queued else None,
