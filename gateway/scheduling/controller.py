@@ -111,8 +111,8 @@ class Controller:
             state.elsewhere = elsewhere.get(name, {})
 
     def tenants(self) -> dict[str, dict[str, dict[str, int]]]:
-        """This process's tenants using each pool (PoolState.active), per class, with what each holds: its
-        heartbeat's."""
+        """This process's tenants of the last minute, per pool and class, with what each holds: its heartbeat's
+        (PoolState.active)."""
         now = self.clock()
         return {name: active for name, state in self.states.items() if (active := state.active(now))}
 
