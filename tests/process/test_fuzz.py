@@ -92,7 +92,7 @@ def fuzz_target(tmp_path_factory: pytest.TempPathFactory) -> Any:
     sim.kill()
 
 
-@settings(max_examples=2500, deadline=None, database=None,
+@settings(max_examples=2500, deadline=None, database=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])
 @given(method=methods, path=paths, body=bodies, head=headers)
 def fuzz(fuzz_target: Any, method: str, path: str, body: bytes, head: dict[str, str]) -> None:
