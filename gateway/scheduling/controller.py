@@ -212,6 +212,8 @@ class Controller:
             raise
         except TimeoutError:
             if waiter.future.done() and not waiter.future.cancelled():
+                if waiter.future.exception() is not None:  # displaced in the same step: the Shed it was given
+                    raise waiter.future.exception() from None  # type: ignore[misc]
                 return  # granted at the last moment: keep it
             self._forget(state, waiter)
             raise self._shed(klass, "deadline", self._predicted_wait(state, klass, self.clock()) or deadline_s,
@@ -250,7 +252,9 @@ class Controller:
         now = self.clock()
         if waiter.future.done() or not self._premium_within_limits(state, scheduling, now):
             return False
-        if waiter.tenant in self._fleet_heavy(state, scheduling, now):
+        if waiter.tenant in self._fleet_heavy(state, scheduling, now) or \
+                waiter.tenant in self._held_back(state, scheduling, "premium", capacity(
+                    state.workers, state.spec, scheduling, now, self.share), now):
             return False  # a tenant over its fair share waits here: in the engine it would queue ahead of the others
         self._forget(state, waiter)
         state.take(waiter.tenant, waiter.ctx.service_class, _stream(waiter.ctx))
@@ -344,7 +348,7 @@ class Controller:
     def _held_back(self, state: PoolState, scheduling: SchedulingPolicy, klass: str, total: int,
                    now: float) -> set[str]:
         """Tenants of ``klass`` that may not take the next slot: over their share while others need room
-        (blocked_tenants), or with as many streams still starting as the flow needs (paced)."""
+        (blocked_tenants), or at their share with as many streams still starting as the flow needs (paced)."""
         reserved = self._reserved(total, scheduling, klass)
         blocked = state.blocked_tenants(klass, total, scheduling, now, reserved)
         if scheduling.tenant_headroom and state.starting:

@@ -20,7 +20,7 @@ from gateway.policy.schema import TIERS, Pool, SchedulingPolicy
 ACTIVE_S = 60.0  # a tenant that asked this recently counts as using the pool, at most
 # A tenant that has not asked for this many of its own mean gaps between requests has stopped, whatever ACTIVE_S
 # says: a Poisson sender leaves such a gap once in e^20 of its requests, while a flood at 18 a second is known
-# gone within a second (a minute's claim held its demand free for it: a quiet tenant using a third of the pool
+# gone in about a second (a minute's claim held its demand free for it: a quiet tenant using a third of the pool
 # queued alone, its p95 522 ms, beside 8 slots left for a flood that had stopped, loadtest/RESULTS.md).
 IDLE_GAPS = 20.0
 ACTIVE_FLOOR_S = 1.0
@@ -227,7 +227,7 @@ class PoolState:
         return heavy if free_after < min(max(1, reserve), cap) else set()
 
     def paced(self, klass: str, room: int, now: float) -> set[str]:
-        """Tenants of ``klass`` that may not start another stream yet: those holding at least their fair share
+        """Tenants of ``klass`` that may not take another slot yet: those holding at least their fair share
         of ``room`` (the slots the class may take) with as many streams before their first token as the pool's
         steady flow needs (``prefill_bound``).
 
@@ -238,7 +238,9 @@ class PoolState:
         prompts before them reach their first token, and what a new request waits behind in an engine is the
         flow's few prefills, not a wave's: on the fairness matrix's 2 x 64 cell the quiet tenant's TTFT p95
         beside the flood was 467, 401 and 585 ms unpaced, 317, 262 and 252 paced (66-70 ms alone), with the
-        flood answering as many (loadtest/RESULTS.md). Streams only: a whole answer shows no first token."""
+        flood answering as many (with the bound at twice the least latency plus 50 ms; 214 and 168 ms at the
+        least, prefill_bound; loadtest/RESULTS.md). Only streams are counted (a whole answer shows no first
+        token), but a paced tenant's next request waits whatever it is: its queue is FIFO."""
         if not self.starting:
             return set()
         bound = self.prefill_bound(now)
@@ -253,7 +255,7 @@ class PoolState:
 
     def prefill_bound(self, now: float) -> int:
         """How many of one tenant's streams may be before their first token at once: the pool's completions
-        per second times the workers' least time to a first token (Little's law: the prompts the flow has
+        per second times the workers' least times to a first token (their mean) (Little's law: the prompts the flow has
         starting while none queues in an engine), plus one per worker, so each engine has its next prompt.
         The least time, not the learner's uncongested bound (twice it, plus 50 ms): on the matrix's 2 x 64
         cell the quiet tenant's p95 was 214 and 168 ms against 317, 262 and 252, and the flood answered as
@@ -264,9 +266,11 @@ class PoolState:
         return math.ceil(self.drain_rate(now) * ttft) + max(1, len(self.workers))
 
     def active_in(self, klass: str, now: float) -> list[str]:
-        """The tenants of ``klass`` using this pool: asked within the last minute, and within IDLE_GAPS of their
-        mean gaps."""
-        return [key[1] for key, t in self.seen.items() if key[0] == klass and self._active(key, t, now)]
+        """The tenants of ``klass`` using this pool: holding a slot, or asked within the last minute and within
+        IDLE_GAPS of their mean gaps (at least ACTIVE_FLOOR_S): a burst's own gaps are short, and a tenant
+        whose burst still runs has not stopped."""
+        return [key[1] for key, t in self.seen.items()
+                if key[0] == klass and (self.held.get(key[1], 0) or self._active(key, t, now))]
 
     def active(self, now: float) -> dict[str, dict[str, int]]:
         """The tenants that asked for this pool in the last minute, by class, with what each holds here: what
