@@ -241,7 +241,8 @@ class PoolState:
         flood answering as many (with the bound at twice the least latency plus 50 ms; 214 and 168 ms at the
         least, prefill_bound; loadtest/RESULTS.md). Only streams are counted (a whole answer shows no first
         token), but a paced tenant's next request waits whatever it is: its queue is FIFO."""
-        if not self.starting:
+        least = max(1, len(self.workers))  # prefill_bound is never below this: most calls end here, unread
+        if not any(len(ids) >= least for ids in self.starting.values()):
             return set()
         bound = self.prefill_bound(now)
         crowded = [t for t, ids in self.starting.items() if len(ids) >= bound]
