@@ -359,10 +359,11 @@ class SchedulingPolicy(Strict):
     premium_reserve: float = Field(0.25, ge=0, lt=1, description="share of capacity only premium may take, so a "
                                    "premium request finds a slot even when standard work fills the rest")
     batch_headroom: float = Field(0.1, ge=0, lt=1, description="share of capacity batch work leaves free")
-    tenant_headroom: float = Field(0.5, ge=0, lt=1, description="while several tenants of a class use a pool, a "
+    tenant_headroom: float = Field(0.75, ge=0, lt=1, description="while several tenants of a class use a pool, a "
                                    "tenant holding its fair share or more leaves free the slots the others need "
                                    "to start at once (read from their recent overlaps), up to this share of the "
-                                   "capacity; 0: queue order alone")
+                                   "capacity (a tenant at a third of the capacity needs three quarters of the "
+                                   "slots at its bursts); 0: queue order alone")
     max_queued: int = Field(10_000, ge=1, description="queued requests per class; more are shed")
     max_queued_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="queued request bodies, all classes")
     tiers: dict[Tier, TierScheduling] = Field(default_factory=dict)

@@ -52,10 +52,8 @@ DEADLINE_SHARE = 0.8
 SPILL_SHARE = 0.5
 
 
-def _stream(ctx: RequestContext) -> int | None:
-    """A streamed request's key while it is starting (PoolState.take): its context's identity, unique while
-    it is admitted, where its X-Request-Id is the client's to choose."""
-    return id(ctx) if ctx.stream else None
+def _rounded(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(value, 2)
 
 
 class Controller:
@@ -138,7 +136,7 @@ class Controller:
         self._tenant_take(ctx, policy.server.tenant_max_concurrency)
         try:
             if policy.scheduling.mode == "fifo":
-                state.take(ctx.tenant.name, ctx.service_class, _stream(ctx))
+                state.take(ctx.tenant.name, ctx.service_class, id(ctx), started, ctx.stream)
             else:
                 await self._wait_turn(ctx, state, policy.scheduling, cost, size)
         except BaseException:
@@ -153,8 +151,9 @@ class Controller:
         self._tenant_give(ctx)
         if ctx.worker is not None:
             self._learn_from(ctx, state, ended)
-        state.give(ctx.tenant.name if ctx.tenant else "", ctx.service_class, id(ctx))
-        state.completions.append(self.clock())
+        now = self.clock()
+        state.give(ctx.tenant.name if ctx.tenant else "", ctx.service_class, id(ctx), now)
+        state.completions.append(now)
         self.grant(state, ctx.snapshot.policy.scheduling)
 
     @contextlib.contextmanager
@@ -179,9 +178,9 @@ class Controller:
         tenant = ctx.tenant.name if ctx.tenant else ""
         state.asked(klass, tenant, now)
         if scheduling.tenant_headroom:
-            state.arrived(tenant)
+            state.arrived(klass, tenant, now)
         if self._fits_now(state, scheduling, klass, now, tenant=tenant):
-            state.take(tenant, klass, _stream(ctx))
+            state.take(tenant, klass, id(ctx), now, ctx.stream)
             return
         deadline_s = self._max_wait(ctx, klass)
         # Premium is never refused on a forecast: slots free in waves, so the forecast is coarse, and a premium
@@ -257,7 +256,7 @@ class Controller:
                     state.workers, state.spec, scheduling, now, self.share), now):
             return False  # a tenant over its fair share waits here: in the engine it would queue ahead of the others
         self._forget(state, waiter)
-        state.take(waiter.tenant, waiter.ctx.service_class, _stream(waiter.ctx))
+        state.take(waiter.tenant, waiter.ctx.service_class, id(waiter.ctx), now, waiter.ctx.stream)
         waiter.ctx.past_limit = True
         return True
 
@@ -278,7 +277,7 @@ class Controller:
             state.queued_bytes -= waiter.size
             if waiter.future.done():
                 continue
-            state.take(waiter.tenant, klass, _stream(waiter.ctx))
+            state.take(waiter.tenant, klass, id(waiter.ctx), now, waiter.ctx.stream)
             waiter.future.set_result(None)
 
     @staticmethod
@@ -450,6 +449,7 @@ class Controller:
         now = self.clock()
         states = [state for name in pools if (state := self.states.get(name)) is not None]
         return {s.name: {"granted": s.granted, "granted_by_tenant": dict(s.held),
+                       "tenant_demand": {t: {"at_once": s.demand(t), "mean": _rounded(s.usage(t))} for t in s.overlaps},
                        "drain_rate_per_s": round(s.drain_rate(now), 2), "queued_bytes": s.queued_bytes,
                        "learned_limits": {w.url: w.learned.limit for w in s.workers},
                        "stream_limits": {w.url: round(w.learned.stream_limit, 1) for w in s.workers},

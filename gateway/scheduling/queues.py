@@ -120,8 +120,11 @@ class PoolState:
     seen: dict[tuple[str, str], float] = field(default_factory=dict)  # (class, tenant) -> when it last asked
     gaps: dict[tuple[str, str], float] = field(default_factory=dict)  # (class, tenant) -> its mean gap between
     # requests (asked)
-    overlaps: dict[str, collections.deque[int]] = field(default_factory=dict)  # tenant -> its own in flight at
-    # each of its recent arrivals
+    overlaps: dict[str, collections.deque[int]] = field(default_factory=dict)  # tenant -> its own in flight or
+    # queued at each of its recent arrivals
+    arrived_at: dict[str, collections.deque[float]] = field(default_factory=dict)  # tenant -> when they came
+    hold_s: dict[str, float] = field(default_factory=dict)  # tenant -> how long its requests hold a slot (mean)
+    granted_at: dict[int, float] = field(default_factory=dict)  # a granted request's key (id of its context) -> when
     queues: dict[str, ClassQueue] = field(default_factory=lambda: {t: ClassQueue() for t in TIERS})
     queued_bytes: int = 0
     completions: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=256))
@@ -130,14 +133,15 @@ class PoolState:
     starting: dict[str, set[int]] = field(default_factory=dict)  # tenant -> its streams granted that have not
     # shown a first token (by id() of their contexts: a client chooses its X-Request-Id, and may repeat one)
 
-    def take(self, tenant: str, klass: str, stream: int | None = None) -> None:
-        """A slot granted; ``stream``: a streamed request's key (Controller._stream), starting until its first
-        token."""
+    def take(self, tenant: str, klass: str, key: int, now: float, stream: bool = False) -> None:
+        """A slot granted to the request ``key`` (the id of its context: a client chooses its X-Request-Id,
+        and may repeat one); ``stream``: it is starting until its first token."""
         self.granted += 1
         self.premium += klass == "premium"
         self.held[tenant] = self.held.get(tenant, 0) + 1
-        if stream is not None:
-            self.starting.setdefault(tenant, set()).add(stream)
+        self.granted_at[key] = now
+        if stream:
+            self.starting.setdefault(tenant, set()).add(key)
 
     def started(self, tenant: str, key: int) -> None:
         """The request's first token came (or it ended without one): it is past its prefill."""
@@ -147,7 +151,9 @@ class PoolState:
             if not ids:
                 del self.starting[tenant]
 
-    def give(self, tenant: str, klass: str, key: int | None = None) -> None:
+    def give(self, tenant: str, klass: str, key: int, now: float | None = None) -> None:
+        """The request ``key`` gave its slot back; ``now``: it ran (it teaches how long the tenant's hold a
+        slot), not None for a request granted and left before it started."""
         self.granted -= 1
         self.premium -= klass == "premium"
         left = self.held.get(tenant, 1) - 1
@@ -155,8 +161,11 @@ class PoolState:
             self.held[tenant] = left
         else:
             self.held.pop(tenant, None)
-        if key is not None:
-            self.started(tenant, key)
+        self.started(tenant, key)
+        since = self.granted_at.pop(key, None)
+        if since is not None and now is not None:
+            mean = self.hold_s.get(tenant)
+            self.hold_s[tenant] = now - since if mean is None else mean + GAP_WEIGHT * (now - since - mean)
 
     def asked(self, klass: str, tenant: str, now: float) -> None:
         """A request of ``tenant`` in ``klass`` asks for a slot now: when it last asked, and how often it asks."""
@@ -173,12 +182,15 @@ class PoolState:
         idle_s = ACTIVE_S if gap is None else min(ACTIVE_S, max(ACTIVE_FLOOR_S, IDLE_GAPS * gap))
         return now - last < idle_s
 
-    def arrived(self, tenant: str) -> None:
-        """A request of ``tenant`` asks for a slot: note how many of its own it already has in flight."""
+    def arrived(self, klass: str, tenant: str, now: float) -> None:
+        """A request of ``tenant`` in ``klass`` asks for a slot: note when, and how many of its own it already
+        has in flight or queued (queued too: a tenant held to its share would otherwise never show more)."""
         overlaps = self.overlaps.get(tenant)
         if overlaps is None:
             overlaps = self.overlaps[tenant] = collections.deque(maxlen=ARRIVALS_KEPT)
-        overlaps.append(self.held.get(tenant, 0))
+            self.arrived_at[tenant] = collections.deque(maxlen=ARRIVALS_KEPT)
+        overlaps.append(self.held.get(tenant, 0) + len(self.queues[klass].tenants.get(tenant, ())))
+        self.arrived_at[tenant].append(now)
 
     def demand(self, tenant: str) -> int:
         """The slots ``tenant`` needs so that 19 of 20 of its requests start at once, read from its recent
@@ -189,41 +201,67 @@ class PoolState:
         ranked = sorted(overlaps)
         return ranked[math.ceil(0.95 * len(ranked)) - 1] + 1
 
+    def usage(self, tenant: str) -> float | None:
+        """The slots ``tenant`` would hold on average if nothing held it back: its arrival rate (over its last
+        ARRIVALS_KEPT requests) times how long its requests hold a slot (Little's law). What it finds at its
+        arrivals would count its own queue, so a tenant held back would look heavier the more it is. None
+        before ARRIVALS_KEPT arrivals: a new tenant's few are not yet its habit."""
+        arrivals, hold = self.arrived_at.get(tenant), self.hold_s.get(tenant)
+        if arrivals is None or len(arrivals) < ARRIVALS_KEPT or hold is None:
+            return None
+        span = arrivals[-1] - arrivals[0]
+        return math.inf if span <= 0 else (len(arrivals) - 1) / span * hold
+
     def blocked_tenants(self, klass: str, total: int, scheduling: SchedulingPolicy, now: float,
                         reserved: int = 0) -> set[str]:
-        """Tenants of ``klass`` that may not take the next slot: those holding at least their fair share (the
-        capacity over the class's tenants using the pool, active_in) when taking it would leave fewer slots
-        free than the tenants under their share need to start their next requests at once (their demand, read
-        from their own recent overlaps; at least one slot, at most ``tenant_headroom`` of the capacity).
+        """Tenants of ``klass`` that may not take the next slot, while taking it would leave fewer slots free
+        than the other tenants need to start their next requests at once (at least one slot, at most
+        ``tenant_headroom`` of the capacity; nothing is held back while more than that is free).
 
-        So a quiet tenant starts at once beside a flooding one, and the free slots it needs follow what it
-        does: a tenant at 1 req/s of 0.8 s answers overlaps itself (has 2 in flight when the next one comes)
-        about one arrival in seven (Poisson arithmetic); one free slot made its TTFT p95 6.3x what it had
-        alone, because its second request waited for the flood's next release (loadtest/RESULTS.md). A lone
-        tenant is never blocked, and nothing is held back while the pool has more than the cap free.
-        ``reserved``: slots the class may not take (held back for the classes above) are neither room for its
-        quiet tenants nor part of anyone's fair share: the share is of what the class may take. A share of the
-        whole pool let a standard flood hold 8 of the 12 slots standard has of 16, and a quiet tenant needing 5
-        at its bursts waited in the queue for the flood's releases (its TTFT p95 313 ms beside the flood against
-        83 ms alone, loadtest/RESULTS.md)."""
+        The share: of what the class may take (``reserved``: slots held back for the classes above are neither
+        room nor anyone's share), over the class's tenants using the pool (active_in). Each tenant is held
+        free its demand, the slots 19 of 20 of its requests find at once (its own recent overlaps), up to the
+        share; a tenant whose average use is under the share (``usage``) is held free its whole demand, past
+        the share at a moment, and the others (over the share on average, or without a record yet) share
+        what is left (or the share, if less).
+
+        Why each part, measured (loadtest/RESULTS.md):
+        - demand, not one slot: a tenant at 1 req/s of 0.8 s answers has 2 in flight when its next one comes
+          about one arrival in seven (Poisson arithmetic); one free slot made its TTFT p95 6.3x what it had
+          alone, its second request waiting for the flood's next release;
+        - past the share on average use: a tenant at a third of the pool's capacity needs 11-12 of 16 slots at
+          its bursts and 5-6 on average; held to its moment's share (8), its bursts waited for its own
+          releases, up to its deadline (TTFT p95 602 ms against 90 alone, 4 of 174 shed). Use by its arrival
+          rate and hold time, not by what it finds at its arrivals: held back, it finds its own queue and
+          looks heavier the more it is held back; a share plus the unused part of it (a credit) was 9-10
+          slots and left it at 245-303 ms;
+        - the class's room: a share of the whole pool let a standard flood hold 8 of the 12 slots standard has
+          of 16, and a quiet tenant needing 5 at its bursts queued for the flood's releases (313 ms against 83).
+        A lone tenant is never blocked.
+        """
         if not scheduling.tenant_headroom:
             return set()
-        free_after = total - reserved - self.granted - 1
+        room = total - reserved
+        free_after = room - self.granted - 1
         cap = held_back(total, scheduling.tenant_headroom)
         if free_after >= cap:
             return set()
         active = self.active_in(klass, now)
         if len(active) < 2:
             return set()
-        fair = (total - reserved) / len(active)
+        fair = room / len(active)
+        entitled = {t: max(fair, self.demand(t)) for t in active
+                    if (use := self.usage(t)) is not None and use < fair}
+        rest = [t for t in active if t not in entitled]
+        share = min(fair, max(1.0, room - sum(entitled.values())) / len(rest)) if rest else fair
         reserve = 0
         heavy: set[str] = set()
         for tenant in active:
-            held = self.held.get(tenant, 0)
-            if held >= fair:
+            held, mine = self.held.get(tenant, 0), entitled.get(tenant, share)
+            if held >= mine:
                 heavy.add(tenant)
             else:
-                reserve += max(0, min(self.demand(tenant), math.ceil(fair)) - held)
+                reserve += max(0, min(self.demand(tenant), math.ceil(mine)) - held)
         return heavy if free_after < min(max(1, reserve), cap) else set()
 
     def paced(self, klass: str, room: int, now: float) -> set[str]:

@@ -360,6 +360,35 @@ def test_the_slots_left_free_follow_how_much_the_quiet_tenant_overlaps_itself() 
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("bursts", [11, 3])
+def test_a_tenant_light_on_average_is_held_free_its_bursts_past_the_share(bursts: int) -> None:
+    """A tenant that runs six at once for a second every ten uses under one slot of eight on average: it is
+    held free its six, past its share of four at the moment, and the flood keeps the other two. Not before a
+    record of 64 arrivals (three bursts are 18): then it is held to its share."""
+    async def main() -> None:
+        h = Harness(tenant_headroom=0.75)
+        h.worker.learned.limit = 8
+        for _ in range(bursts):
+            held = [await h.admit(h.ctx("s2")) for _ in range(6)]
+            h.clock.now += 1.0
+            for ctx in held:
+                h.release(ctx)
+            h.clock.now += 9.0
+        assert h.pool.demand("s2") == 6
+        usage = h.pool.usage("s2")
+        assert (usage is None) == (bursts == 3) and (usage is None or usage < 1)
+        flood = [h.queue("s1") for _ in range(12)]
+        await settle()
+        assert h.pool.held == ({"s1": 2} if bursts == 11 else {"s1": 4})
+        quiet = [h.queue("s2") for _ in range(6)]
+        await settle()
+        assert sum(t.done() for t in quiet) == (6 if bursts == 11 else 4)
+        for task in quiet + flood:
+            task.cancel()
+        await settle()
+    asyncio.run(main())
+
+
 def test_the_slots_left_free_for_quiet_tenants_are_capped() -> None:
     async def main() -> None:
         h = Harness(tenant_headroom=0.25)
