@@ -13,9 +13,11 @@ Per cell, after a warm-up of both tenants (the engines show their limits), round
 flood alone, both. Reported: the quiet tenant's TTFT p95 alone and beside the flood, their ratio against the goal's
 floor (``beside / max(alone, 100 ms)``, goal <= 1.5), the quiet tenant's errors, where its slowest requests
 waited (the gateway's queue, from Server-Timing, or the engine), and the flood's answers per second alone and
-beside, against what the quiet tenant's own slots would take from it (its 95th-percentile in-flight count
-plus one, of the pool's sequences). The last cell puts two gateways (sharing Redis) in front of the same
-workers, the flood sent only to one and the quiet tenant only to the other.
+beside, against what the quiet tenant's own slots would take from it (its 95th-percentile count of its own
+requests holding a slot, plus one, of the pool's sequences; counted beside the flood, where its answers take
+as long as the flood's: alone, in an idle engine, they are shorter, and 2 x 64's quiet tenant held 5% of the
+slots alone while it sent a tenth of what the pool answers). The last cell puts two gateways (sharing Redis)
+in front of the same workers, the flood sent only to one and the quiet tenant only to the other.
 """
 
 from __future__ import annotations
@@ -101,9 +103,10 @@ def p95_ms(values: list[float]) -> float | None:
 
 
 def in_flight_p95(results: list[Any]) -> int:
-    """The quiet tenant's own requests in flight at each of its arrivals, 95th percentile (what it needs free)."""
-    spans = [(r.start, r.start + (r.total or 0.0)) for r in results]
-    counts = [sum(1 for s, e in spans if s < start < e) for start, _ in spans]
+    """The quiet tenant's own requests holding a slot at each of its arrivals, 95th percentile (what it needs
+    free): from the end of its wait in the gateway's queue (Server-Timing) to the end of its answer."""
+    spans = [(r.start + r.server.get("queue_wait", 0.0) / 1000, r.start + (r.total or 0.0)) for r in results]
+    counts = [sum(1 for s, e in spans if s < r.start < e) for r in results]
     return int(percentile(counts, 95)) if counts else 0
 
 
@@ -159,7 +162,7 @@ def measure(cell: Cell, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     seconds = elapsed.get("both") or args.round_s * args.rounds
     flood_alone = sum(r.ok for r in rows("flood alone", "flood")) / (elapsed.get("flood alone") or seconds)
     flood_beside = sum(r.ok for r in rows("both", "flood")) / seconds
-    needs = in_flight_p95(alone) + 1
+    needs = in_flight_p95(beside) + 1  # beside the flood: there its answers take as long as the flood's
     ratio = round(beside_p95 / max(alone_p95, FLOOR_S * 1000), 2) if alone_p95 and beside_p95 else None
     return {**asdict(cell), "step_ms": round(step * 1000, 2), "capacity_rps": round(capacity, 2),
             "quiet_rps": round(quiet_rate, 2), "flood_rps": round(flood_rate, 2),
@@ -172,7 +175,8 @@ def measure(cell: Cell, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "slowest_5pct_ttft_ms": round(slow[0].ttft * 1000, 1) if slow else None,
             "flood_answered_rps_alone": round(flood_alone, 2), "flood_answered_rps_beside": round(flood_beside, 2),
             "flood_loss": round(1 - flood_beside / flood_alone, 3) if flood_alone else None,
-            "quiet_slots_share": round(needs / (cell.workers * cell.seqs), 3)}
+            "quiet_slots_share": round(needs / (cell.workers * cell.seqs), 3),
+            "quiet_slots_share_alone": round((in_flight_p95(alone) + 1) / (cell.workers * cell.seqs), 3)}
 
 
 def main() -> None:

@@ -89,9 +89,10 @@ class Controller:
 
     def metrics_changed(self, pool: str) -> None:
         """Fresh metrics of the pool's workers: learn each one's concurrency from them, then grant what now fits (a
-        worker's waiting queue may have emptied)."""
+        worker's waiting queue may have emptied); the pool forgets its long-idle tenants."""
         state = self.states.get(pool)
         if state is not None:
+            state.forget_idle(self.clock())
             self._relearn(state, self._current_scheduling())
 
     def set_share(self, share: Share) -> None:

@@ -25,6 +25,12 @@ ACTIVE_S = 60.0  # a tenant that asked this recently counts as using the pool, a
 IDLE_GAPS = 20.0
 ACTIVE_FLOOR_S = 1.0
 GAP_WEIGHT = 0.1  # how fast a tenant's mean gap follows its latest ones
+# A stream still before its first token this long after its grant (this many of the workers' least TTFTs, at
+# least STUCK_MIN_S) is stuck (a worker that hangs), not prefilling: pacing stops counting it, or one hung
+# upstream would hold its tenant's flow to the bound until the upstream's timeout.
+STUCK_TTFTS = 20.0
+STUCK_MIN_S = 2.0
+FORGET_S = 600.0  # what is kept of a tenant that has not asked for this long is dropped (forget_idle)
 ARRIVALS_KEPT = 64  # a tenant's recent arrivals from which its concurrency is read
 
 
@@ -72,6 +78,12 @@ class ClassQueue:
             del self.tenants[tenant]
         self.count -= 1
         return waiter
+
+    def forget_caught_up(self) -> None:
+        """Drop the virtual times of tenants not queued that the class has caught up with: push starts them at
+        the class's time anyway, so nothing changes but the memory kept for tenants that come no more."""
+        for tenant in [t for t, v in self.virtual.items() if v <= self.now and t not in self.tenants]:
+            del self.virtual[tenant]
 
     def ahead_of(self, tenant: str) -> int:
         """How many waiters go before a new one of ``tenant``: its own, and of each other tenant as many as one
@@ -175,6 +187,22 @@ class PoolState:
             gap, mean = now - last, self.gaps.get(key)
             self.gaps[key] = gap if mean is None else mean + GAP_WEIGHT * (gap - mean)
         self.seen[key] = now
+
+    def forget_idle(self, now: float) -> None:
+        """Drop what is kept of the tenants that have not asked for FORGET_S and hold nothing (their gaps,
+        overlaps, arrivals, hold times, and virtual times no later than their class's), so what a pool keeps
+        is bounded by its tenants of the last minutes, not by every tenant it ever served."""
+        idle = {key for key, t in self.seen.items() if now - t >= FORGET_S and not self.held.get(key[1])}
+        for key in idle:
+            del self.seen[key]
+            self.gaps.pop(key, None)
+        asking = {tenant for _, tenant in self.seen}
+        for tenant in [t for t in self.overlaps if t not in asking and not self.held.get(t)]:
+            del self.overlaps[tenant]
+            self.arrived_at.pop(tenant, None)
+            self.hold_s.pop(tenant, None)
+        for queue in self.queues.values():
+            queue.forget_caught_up()
 
     def _active(self, key: tuple[str, str], last: float, now: float) -> bool:
         """Has the tenant asked recently enough, for how often it asks, to count as using the pool?"""
@@ -283,7 +311,9 @@ class PoolState:
         if not any(len(ids) >= least for ids in self.starting.values()):
             return set()
         bound = self.prefill_bound(now)
-        crowded = [t for t, ids in self.starting.items() if len(ids) >= bound]
+        since = now - max(STUCK_MIN_S, STUCK_TTFTS * self._least_ttft())  # before then: stuck, not prefilling
+        crowded = [t for t, ids in self.starting.items()
+                   if len(ids) >= bound and sum(self.granted_at.get(i, now) > since for i in ids) >= bound]
         if not crowded:
             return set()
         active = self.active_in(klass, now)
@@ -300,9 +330,12 @@ class PoolState:
         cell the quiet tenant's p95 was 214 and 168 ms against 317, 262 and 252, and the flood answered as
         many beside it (47.5-49.0 a second against 47.8-48.1), its engines being bound by prefill, not by how
         many prompts the gateway lets start at once."""
+        return math.ceil(self.drain_rate(now) * self._least_ttft()) + max(1, len(self.workers))
+
+    def _least_ttft(self) -> float:
+        """The workers' least times to a first token (their mean; 0 while none is known)."""
         floors = [w.learned.ttft_floor for w in self.workers if w.learned.ttft_floor > 0]
-        ttft = sum(floors) / len(floors) if floors else 0.0
-        return math.ceil(self.drain_rate(now) * ttft) + max(1, len(self.workers))
+        return sum(floors) / len(floors) if floors else 0.0
 
     def active_in(self, klass: str, now: float) -> list[str]:
         """The tenants of ``klass`` using this pool: holding a slot, or asked within the last minute and within

@@ -15,7 +15,7 @@ from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Policy
 from gateway.scheduling.capacity import HOLD_READS, SEQUENCE_HOLD_READS, learn, worker_slots
 from gateway.scheduling.controller import Controller
-from gateway.scheduling.queues import ClassQueue, Waiter
+from gateway.scheduling.queues import STUCK_MIN_S, ClassQueue, Waiter
 from gateway.state.replicas import Share
 from tests.fakes import live_worker
 
@@ -333,6 +333,41 @@ def test_a_flood_over_its_share_starts_a_stream_as_one_before_it_shows_its_first
         await settle()
         assert h.pool.starting == {"p1": {id(flood[4].result())}}, \
             "counted per request, though all share one request id (the tenant's name), until its first token"
+    asyncio.run(main())
+
+
+def test_a_stream_stuck_before_its_first_token_stops_pacing_its_tenant() -> None:
+    """A worker that hangs before the first token would hold a paced tenant's flow to the bound until the
+    upstream's timeout: past STUCK_MIN_S (and twenty least TTFTs) such a stream no longer counts as starting."""
+    async def main() -> None:
+        h = Harness(tenant_headroom=0.5)
+        h.worker.learned.limit = 8
+
+        def stream(tenant: str) -> asyncio.Task[RequestContext]:
+            ctx = h.ctx(tenant)
+            ctx.stream = True
+            return asyncio.ensure_future(h.admit(ctx))
+
+        h.release(await h.admit(h.ctx("p2")))  # a second premium tenant has used the pool this minute
+        h.clock.now += 11  # no completions in the drain window: the bound is one prompt per worker
+        flood = [stream("p1") for _ in range(6)]
+        await settle()
+        scheduling = h.snap.policy.scheduling
+        for task in flood[:3]:
+            h.controller.first_token(task.result(), h.pool, h.worker, scheduling, held=4, ttft=0.03)
+        await settle()
+        assert h.pool.held == {"p1": 4}, "its fourth stream before its first token: the fifth waits"
+        h.clock.now += STUCK_MIN_S - 0.5
+        flood.append(stream("p1"))  # an arrival grants what fits
+        await settle()
+        assert h.pool.held == {"p1": 4}, "still within the time a prefill may take"
+        h.clock.now += 1.0
+        flood.append(stream("p1"))
+        await settle()
+        assert h.pool.held == {"p1": 5}, "the fourth is stuck: the fifth starts"
+        for task in flood:
+            task.cancel()
+        await settle()
     asyncio.run(main())
 
 
