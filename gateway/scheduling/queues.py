@@ -292,6 +292,12 @@ class PoolState:
                 reserve += max(0, min(self.demand(tenant), math.ceil(mine)) - held)
         return heavy if free_after < min(max(1, reserve), cap) else set()
 
+    def under_share(self, klass: str, tenant: str, room: int, now: float) -> bool:
+        """Does ``tenant`` hold less than its fair share of ``room`` (the slots ``klass`` may take), beside at
+        least one other tenant of the class using the pool? (A tenant alone is the overload itself.)"""
+        active = self.active_in(klass, now)
+        return len(active) >= 2 and self.held.get(tenant, 0) < room / len(active)
+
     def paced(self, klass: str, room: int, now: float) -> set[str]:
         """Tenants of ``klass`` that may not take another slot yet: those holding at least their fair share
         of ``room`` (the slots the class may take) with as many streams before their first token as the pool's

@@ -207,6 +207,30 @@ def test_a_queued_request_past_its_deadline_gets_429_and_leaves() -> None:
     asyncio.run(main())
 
 
+def test_a_tenant_under_its_share_waits_one_more_deadline_for_the_next_release() -> None:
+    """The deadline sheds the overload: a tenant holding its share or more, or alone, is shed at it. A tenant
+    under its share beside others is not the overload (it waits for slots taken while it was away): it waits
+    one more deadline, and the next release is its."""
+    async def main() -> None:
+        h = Harness(tiers={"premium": {"max_queue_wait_ms": 200}}, tenant_headroom=0.5)
+        flood = [await h.admit(h.ctx("p1")), await h.admit(h.ctx("p1"))]  # the pool is full, all of it p1's
+        quiet = h.queue("p2")  # queued first: its deadline passes first
+        await settle()
+        with pytest.raises(Shed) as caught:
+            await h.admit(h.ctx("p1"))  # holds both slots, its share is one: shed at its deadline
+        assert caught.value.reason == "deadline"
+        assert not quiet.done(), "past its own deadline, still waiting"
+        h.release(flood[0])
+        await settle()
+        assert quiet.done() and h.pool.held == {"p1": 1, "p2": 1}, "the next release is its"
+        h.release(quiet.result())
+        with pytest.raises(Shed):
+            await h.admit(h.ctx("p1"))  # alone in the queue and at its share: the overload
+        h.release(flood[1])
+        assert h.pool.granted == 0 and h.pool.queues["premium"].count == 0
+    asyncio.run(main())
+
+
 def test_a_client_that_leaves_the_queue_takes_nothing_with_it() -> None:
     async def main() -> None:
         h = Harness()
