@@ -209,7 +209,9 @@ class Controller:
             # release (what it waits for is a slot others took while it held fewer, or one of its own, each
             # freed within one answer): on the fairness matrix's 1 x 4 cell a quiet tenant was shed at its 640 ms,
             # 1 of 20 in each of six runs, and none in four since.
-            if self._under_share(state, scheduling, klass, tenant) and self._requeued(state, waiter) and \
+            # Not batch: its deadline is minutes, and what it waits for is idle capacity, not a share.
+            if scheduling.tenant_headroom and klass != "batch" and \
+                    self._under_share(state, scheduling, klass, tenant) and self._requeued(state, waiter) and \
                     await self._granted_by(waiter, deadline_at + deadline_s):
                 return
             self._forget(state, waiter)
@@ -429,6 +431,8 @@ class Controller:
             victim = state.queues[victim_class].newest()
             assert victim is not None
             self._forget(state, victim)
+            if victim.future.done():  # its wait timed out or its client left, its task not yet resumed
+                continue
             victim.future.set_exception(self._shed(
                 victim_class, "displaced", self._predicted_wait(state, victim_class, self.clock()) or 1.0,
                 "was shed to make room for higher-priority work"))

@@ -192,16 +192,18 @@ class PoolState:
         self.seen[key] = now
 
     def forget_idle(self, now: float) -> None:
-        """Drop what is kept of the tenants that have not asked for FORGET_S and hold nothing (their gaps,
+        """Drop what is kept of the tenants that have not asked for FORGET_S and hold and queue nothing (their gaps,
         overlaps, arrivals, hold times, and virtual times no later than their class's), so what a pool keeps
         is bounded by its tenants of the last minutes, not by every tenant it ever served."""
-        idle = {key for key, t in self.seen.items() if now - t >= FORGET_S and not self.held.get(key[1])}
+        queued = {tenant for queue in self.queues.values() for tenant in queue.tenants}
+        idle = {key for key, t in self.seen.items()
+                if now - t >= FORGET_S and not self.held.get(key[1]) and key[1] not in queued}
         for key in idle:
             del self.seen[key]
             self.gaps.pop(key, None)
-        asking = {tenant for _, tenant in self.seen}
-        for tenant in [t for t in self.overlaps if t not in asking and not self.held.get(t)]:
-            del self.overlaps[tenant]
+        kept = {tenant for _, tenant in self.seen} | queued | set(self.held)
+        for tenant in [t for t in {*self.overlaps, *self.hold_s} if t not in kept]:
+            self.overlaps.pop(tenant, None)
             self.arrived_at.pop(tenant, None)
             self.hold_s.pop(tenant, None)
         for queue in self.queues.values():
@@ -234,14 +236,15 @@ class PoolState:
 
     def usage(self, tenant: str) -> float | None:
         """The slots ``tenant`` would hold on average if nothing held it back: its arrival rate (over its last
-        ARRIVALS_KEPT requests) times how long its requests hold a slot (Little's law). What it finds at its
+        USAGE_ARRIVALS requests: a quiet tenant that starts to flood reads heavy within them, not after a
+        window of its old arrivals) times how long its requests hold a slot (Little's law). What it finds at its
         arrivals would count its own queue, so a tenant held back would look heavier the more it is. None
         before USAGE_ARRIVALS arrivals and one request's end: a new tenant's few are not yet its habit."""
         arrivals, hold = self.arrived_at.get(tenant), self.hold_s.get(tenant)
         if arrivals is None or len(arrivals) < USAGE_ARRIVALS or hold is None:
             return None
-        span = arrivals[-1] - arrivals[0]
-        return math.inf if span <= 0 else (len(arrivals) - 1) / span * hold
+        span = arrivals[-1] - arrivals[-USAGE_ARRIVALS]
+        return math.inf if span <= 0 else (USAGE_ARRIVALS - 1) / span * hold
 
     def blocked_tenants(self, klass: str, total: int, scheduling: SchedulingPolicy, now: float,
                         reserved: int = 0) -> set[str]:

@@ -228,6 +228,25 @@ def test_a_tenant_under_its_share_waits_one_more_deadline_for_the_next_release()
             await h.admit(h.ctx("p1"))  # alone in the queue and at its share: the overload
         h.release(flood[1])
         assert h.pool.granted == 0 and h.pool.queues["premium"].count == 0
+        assert not h.pool.granted_at and h.pool.queued_bytes == 0
+    asyncio.run(main())
+
+
+def test_with_queue_order_alone_no_tenant_waits_past_its_deadline() -> None:
+    """tenant_headroom 0 keeps queue order alone: no share, so no second deadline either."""
+    async def main() -> None:
+        h = Harness(tiers={"premium": {"max_queue_wait_ms": 200}})
+        flood = [await h.admit(h.ctx("p1")), await h.admit(h.ctx("p1"))]
+        quiet = h.queue("p2")  # queued first: its deadline passes first
+        await settle()
+        with pytest.raises(Shed):
+            await h.admit(h.ctx("p1"))
+        assert quiet.done()
+        with pytest.raises(Shed):
+            quiet.result()
+        for ctx in flood:
+            h.release(ctx)
+        assert h.pool.granted == 0 and h.pool.queued_bytes == 0
     asyncio.run(main())
 
 
@@ -256,6 +275,7 @@ def test_a_tenant_light_on_average_at_its_share_in_a_burst_waits_one_more_deadli
         assert burst.done() and h.pool.held == {"p1": 2, "p2": 2}
         for ctx in (quiet[1], burst.result(), *flood):
             h.release(ctx)
+        assert h.pool.granted == 0 and not h.pool.granted_at and h.pool.queued_bytes == 0
     asyncio.run(main())
 
 

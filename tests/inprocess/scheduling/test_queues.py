@@ -16,7 +16,7 @@ from gateway.scheduling.queues import FORGET_S, PoolState, QueueView, Waiter
 
 GATEWAY = Path(__file__).resolve().parents[3] / "gateway"
 FIELDS = frozenset(f.name for f in dataclasses.fields(PoolState))
-COUNTING = frozenset({"take", "give", "arrived"})
+COUNTING = frozenset({"take", "give", "arrived", "forget_idle"})
 MUTATING = frozenset({"append", "appendleft", "pop", "popleft", "clear", "update", "setdefault", "push", "remove",
                       "extend", "__setitem__", "__delitem__"})
 
@@ -102,23 +102,28 @@ def test_a_tenant_has_stopped_after_many_of_its_own_gaps() -> None:
 def test_a_pool_forgets_tenants_long_idle_but_not_one_holding_a_slot() -> None:
     """What a pool keeps per tenant is bounded by its recent tenants: one that has not asked for FORGET_S is
     dropped (gaps, overlaps, arrivals, hold times, a virtual time the class has caught up with); one still
-    holding a slot, or asking, is kept."""
-    state = PoolState("p", [], Pool.model_validate({"workers": ["http://w0"]}))
-    for i, tenant in enumerate(("gone", "holding", "recent")):
-        for j in range(3):
-            state.asked("premium", tenant, 100.0 + j)
-            state.arrived("premium", tenant, 100.0 + j)
-        state.take(tenant, "premium", i, 102.0)
-    state.give("gone", "premium", 0, 103.0)
-    state.give("recent", "premium", 2, 103.0)
-    queue = state.queues["premium"]
-    queue.virtual.update({"gone": 5.0, "holding": 5.0})
-    queue.now = 10.0
-    state.asked("premium", "recent", 100.0 + FORGET_S)
-    state.forget_idle(102.0 + FORGET_S)
-    assert sorted(t for _, t in state.seen) == ["holding", "recent"]
-    assert sorted(state.overlaps) == sorted(state.arrived_at) == ["holding", "recent"]
-    assert "gone" not in state.hold_s and "gone" not in state.gaps
-    assert queue.virtual == {}, "both caught up with and not queued: push starts them at the class's time"
-    state.forget_idle(101.0 + FORGET_S)  # nothing is idle long enough: nothing more goes
-    assert sorted(state.overlaps) == ["holding", "recent"]
+    holding a slot, queued, or asking, is kept."""
+    async def main() -> None:
+        state = PoolState("p", [], Pool.model_validate({"workers": ["http://w0"]}))
+        for i, tenant in enumerate(("gone", "holding", "recent")):
+            for j in range(3):
+                state.asked("premium", tenant, 100.0 + j)
+                state.arrived("premium", tenant, 100.0 + j)
+            state.take(tenant, "premium", i, 102.0)
+        state.give("gone", "premium", 0, 103.0)
+        state.give("recent", "premium", 2, 103.0)
+        state.asked("standard", "waiting", 100.0)
+        state.arrived("standard", "waiting", 100.0)
+        state.queues["standard"].push(Waiter(None, "waiting", 1.0, 10, 10, 100.0))  # type: ignore[arg-type]
+        queue = state.queues["premium"]
+        queue.virtual.update({"gone": 5.0, "holding": 5.0, "ahead": 12.0})
+        queue.now = 10.0
+        state.asked("premium", "recent", 100.0 + FORGET_S)
+        state.forget_idle(102.0 + FORGET_S)
+        assert sorted(t for _, t in state.seen) == ["holding", "recent", "waiting"]
+        assert sorted(state.overlaps) == sorted(state.arrived_at) == ["holding", "recent", "waiting"]
+        assert "gone" not in state.hold_s and "gone" not in state.gaps and "recent" in state.hold_s
+        assert queue.virtual == {"ahead": 12.0}, "caught up with and not queued: push starts them at the class's time"
+        state.forget_idle(101.0 + FORGET_S)  # nothing is idle long enough: nothing more goes
+        assert sorted(state.overlaps) == ["holding", "recent", "waiting"]
+    asyncio.run(main())
