@@ -69,6 +69,12 @@ class Harness:
     def queue(self, tenant: str, klass: str | None = None, **kw: Any) -> asyncio.Task[RequestContext]:
         return asyncio.ensure_future(self.admit(self.ctx(tenant, klass), **kw))
 
+    def stream(self, tenant: str) -> asyncio.Task[RequestContext]:
+        """A streamed request of ``tenant`` asking for a slot (paced by its first token)."""
+        ctx = self.ctx(tenant)
+        ctx.stream = True
+        return asyncio.ensure_future(self.admit(ctx))
+
     async def overlapping(self, tenant: str, at_once: int, times: int = 3) -> None:
         """A tenant's habit: ``at_once`` requests running together, ``times`` times."""
         for _ in range(times):
@@ -373,19 +379,14 @@ def test_a_flood_over_its_share_starts_a_stream_as_one_before_it_shows_its_first
         h = Harness(tenant_headroom=0.5)
         h.worker.learned.limit = 8
 
-        def stream(tenant: str) -> asyncio.Task[RequestContext]:
-            ctx = h.ctx(tenant)
-            ctx.stream = True
-            return asyncio.ensure_future(h.admit(ctx))
-
-        alone = [stream("p1") for _ in range(6)]
+        alone = [h.stream("p1") for _ in range(6)]
         await settle()
         assert all(t.done() for t in alone), "a lone tenant's streams all start at once"
         for task in alone:
             h.release(task.result())
         h.clock.now += 11  # no completions in the drain window: the bound is one prompt per worker
         h.release(await h.admit(h.ctx("p2")))  # a second premium tenant has used the pool this minute
-        flood = [stream("p1") for _ in range(6)]
+        flood = [h.stream("p1") for _ in range(6)]
         await settle()
         assert h.pool.held == {"p1": 4}, "up to its fair share (4 of 8) unpaced"
         scheduling = h.snap.policy.scheduling
@@ -396,7 +397,7 @@ def test_a_flood_over_its_share_starts_a_stream_as_one_before_it_shows_its_first
         h.controller.first_token(flood[3].result(), h.pool, h.worker, scheduling, held=4, ttft=0.03)
         await settle()
         assert h.pool.held == {"p1": 5}, "none left before a first token: the next one starts"
-        quiet = stream("p2")
+        quiet = h.stream("p2")
         await settle()
         assert quiet.done(), "the quiet tenant starts at once"
         h.release(quiet.result())
@@ -415,14 +416,9 @@ def test_a_stream_stuck_before_its_first_token_stops_pacing_its_tenant() -> None
         h = Harness(tenant_headroom=0.5)
         h.worker.learned.limit = 8
 
-        def stream(tenant: str) -> asyncio.Task[RequestContext]:
-            ctx = h.ctx(tenant)
-            ctx.stream = True
-            return asyncio.ensure_future(h.admit(ctx))
-
         h.release(await h.admit(h.ctx("p2")))  # a second premium tenant has used the pool this minute
         h.clock.now += 11  # no completions in the drain window: the bound is one prompt per worker
-        flood = [stream("p1") for _ in range(6)]
+        flood = [h.stream("p1") for _ in range(6)]
         await settle()
         scheduling = h.snap.policy.scheduling
         for task in flood[:3]:
@@ -430,11 +426,11 @@ def test_a_stream_stuck_before_its_first_token_stops_pacing_its_tenant() -> None
         await settle()
         assert h.pool.held == {"p1": 4}, "its fourth stream before its first token: the fifth waits"
         h.clock.now += STUCK_MIN_S - 0.5
-        flood.append(stream("p1"))  # an arrival grants what fits
+        flood.append(h.stream("p1"))  # an arrival grants what fits
         await settle()
         assert h.pool.held == {"p1": 4}, "still within the time a prefill may take"
         h.clock.now += 1.0
-        flood.append(stream("p1"))
+        flood.append(h.stream("p1"))
         await settle()
         assert h.pool.held == {"p1": 5}, "the fourth is stuck: the fifth starts"
         for task in flood:
