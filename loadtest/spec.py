@@ -105,6 +105,10 @@ class Spec(Strict):
     duration_s: float | None = Field(None, gt=0)
     requests: int | None = Field(None, ge=1)
     seed: int = 0
+    words_seed: int | None = Field(None, description="the prompts' words drawn apart, from this seed (default: "
+                                   "with the rest, from seed): runs with the same seed and other words seeds send "
+                                   "the same sizes at the same moments, which miss an engine's prefix cache that "
+                                   "the run before filled")
     timeout_s: float = Field(120.0, gt=0)
     corpus: str | None = Field(None, description="a text file to draw prompt words from; default: built-in words")
     classes: list[RequestClass] = Field(min_length=1)

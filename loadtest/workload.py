@@ -29,6 +29,7 @@ class Workload:
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
         self.rng = random.Random(spec.seed)
+        self.words_rng = self.rng if spec.words_seed is None else random.Random(spec.words_seed)
         self.words = _corpus_words(spec.corpus)
         self._weights = [c.weight for c in spec.classes]
         self._history: dict[str, list[str]] = {c.name: [] for c in spec.classes}
@@ -43,7 +44,7 @@ class Workload:
             prompt, kind = paraphrase(self.rng.choice(history), self.rng), "paraphrase"
         else:
             n = cls.prompt_tokens.sample(self.rng)
-            prompt, kind = " ".join(self.rng.choice(self.words) for _ in range(n)), "fresh"
+            prompt, kind = " ".join(self.words_rng.choice(self.words) for _ in range(n)), "fresh"
             history.append(prompt)
             if len(history) > 1000:
                 del history[: len(history) - 1000]

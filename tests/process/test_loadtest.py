@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 import yaml
 
@@ -142,6 +143,19 @@ def test_distributions_and_repeats_are_seeded() -> None:
     kinds = [Workload(spec).next().kind for _ in range(3)] + [w1.next().kind for _ in range(200)]
     assert 0.35 < kinds.count("exact") / len(kinds) < 0.65
     assert first[0].kind == "fresh"
+
+
+def test_a_words_seed_changes_the_words_alone() -> None:
+    """The same requests at the same sizes with other words: an engine's prefix cache does not know them."""
+    classes = [{"name": "a", "model": "m", "prompt_tokens": {"dist": "lognormal", "mean": 64, "sd": 64},
+                "max_tokens": {"dist": "uniform", "min": 1, "max": 50}}]
+    one, other = (Workload(parse_spec(yaml.safe_dump({**BASE, "words_seed": words, "classes": classes})))
+                  for words in (7, 8))
+    for _ in range(20):
+        a, b = orjson.loads(one.next().body), orjson.loads(other.next().body)
+        assert a["max_tokens"] == b["max_tokens"]
+        words_a, words_b = a["messages"][0]["content"].split(), b["messages"][0]["content"].split()
+        assert len(words_a) == len(words_b) and words_a != words_b
 
 
 def test_five_second_run_through_the_gateway(start_sim: Callable[..., Proc],
