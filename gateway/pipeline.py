@@ -304,8 +304,10 @@ async def exchange(ctx: RequestContext, pool: UpstreamPool, payload: bytes, sink
     """Dispatch to a worker (``pinned``: only that one) and relay its answer to the sink; ``relayed`` learns what
     went by. ``admission``: what ``scheduler.admit`` returned for the request; ``rename``: the answer's model
     member as the worker writes it and as the client is shown it, where they differ."""
-    room = scheduler.with_room(admission, ctx.snapshot.policy.scheduling)
-    async with dispatch(ctx, pool, ctx.endpoint.path, payload, affinity, pinned, room) as (worker, response):
+    room = scheduler.with_room(admission, ctx.snapshot.policy.scheduling, ctx)
+    on_send = functools.partial(scheduler.sent, ctx, admission, len(payload))
+    async with dispatch(ctx, pool, ctx.endpoint.path, payload, affinity, pinned, room,
+                        on_send=on_send) as (worker, response):
         if 200 <= response.status < 300 and encoded(response):
             await _unreadable(ctx, worker, response, relayed, pool.spec.cooldown_s)
         if ctx.stream and response.status == 200:

@@ -147,6 +147,8 @@ class PoolState:
     # processes report it holds in this pool (their heartbeats: Controller.fleet_changed)
     starting: dict[str, set[int]] = field(default_factory=dict)  # tenant -> its streams granted that have not
     # shown a first token (by id() of their contexts: a client chooses its X-Request-Id, and may repeat one)
+    prefilling: dict[int, tuple[str, int, bool]] = field(default_factory=dict)  # of those, the ones sent: key ->
+    # the worker's URL, the body's bytes, and whether their tenant was under its share (sent_to; two workers or more)
 
     def take(self, tenant: str, klass: str, key: int, now: float, stream: bool = False) -> None:
         """A slot granted to the request ``key`` (the id of its context: a client chooses its X-Request-Id,
@@ -158,8 +160,29 @@ class PoolState:
         if stream:
             self.starting.setdefault(tenant, set()).add(key)
 
+    def sent_to(self, key: int, url: str, size: int, light: bool) -> None:
+        """The starting stream ``key`` (a body of ``size`` bytes) was sent to the worker at ``url`` (``light``: of
+        a tenant under its share)."""
+        self.prefilling[key] = (url, size, light)
+
+    def contention(self, now: float) -> tuple[collections.Counter[str], set[str]]:
+        """Per worker URL, the bytes of the streams sent there still before their first token (not stuck: see
+        STUCK_TTFTS), the prefill work in its engine's steps; and the URLs where one of them is of a tenant
+        under its share."""
+        counts: collections.Counter[str] = collections.Counter()
+        guarded = set()
+        since = now - max(STUCK_MIN_S, STUCK_TTFTS * self._least_ttft())
+        for key, (url, size, light) in self.prefilling.items():
+            if self.granted_at.get(key, now) < since:
+                continue
+            counts[url] += size
+            if light:
+                guarded.add(url)
+        return counts, guarded
+
     def started(self, tenant: str, key: int) -> None:
         """The request's first token came (or it ended without one): it is past its prefill."""
+        self.prefilling.pop(key, None)
         ids = self.starting.get(tenant)
         if ids is not None:
             ids.discard(key)
@@ -325,7 +348,9 @@ class PoolState:
         beside the flood was 467, 401 and 585 ms unpaced, 317, 262 and 252 paced (66-70 ms alone), with the
         flood answering as many (with the bound at twice the least latency plus 50 ms; 214 and 168 ms at the
         least, prefill_bound; loadtest/RESULTS.md). Only streams are counted (a whole answer shows no first
-        token), but a paced tenant's next request waits whatever it is: its queue is FIFO."""
+        token), but a paced tenant's next request waits whatever it is: its queue is FIFO. Not a tenant using
+        under its share on average (``usage``): its bursts are its own demand, held free for it
+        (blocked_tenants), not the overload's waves, and paced they waited for their own first tokens."""
         least = max(1, len(self.workers))  # prefill_bound is never below this: most calls end here, unread
         if not any(len(ids) >= least for ids in self.starting.values()):
             return set()
@@ -339,7 +364,12 @@ class PoolState:
         if len(active) < 2:
             return set()
         fair = room / len(active)
-        return {t for t in crowded if t in active and self.held.get(t, 0) >= fair}
+        return {t for t in crowded if t in active and self.held.get(t, 0) >= fair and not self._light(t, fair)}
+
+    def _light(self, tenant: str, fair: float) -> bool:
+        """Does ``tenant`` use less than ``fair`` slots on average (``usage``)?"""
+        use = self.usage(tenant)
+        return use is not None and use < fair
 
     def prefill_bound(self, now: float) -> int:
         """How many of one tenant's streams may be before their first token at once: the pool's completions

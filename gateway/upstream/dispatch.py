@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Callable, Collection
 
 from gateway.context import RequestContext
 from gateway.errors import Unavailable
@@ -27,8 +27,8 @@ from gateway.upstream.pools import UpstreamPool
 @contextlib.asynccontextmanager
 async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: bytes,
                    affinity: Affinity | None = None, pinned: str | None = None,
-                   room: Collection[Worker] = (), method: bytes = b"POST",
-                   client: Client | None = None) -> AsyncIterator[tuple[Worker, Response]]:
+                   room: Collection[Worker] = (), method: bytes = b"POST", client: Client | None = None,
+                   on_send: Callable[[Worker], None] | None = None) -> AsyncIterator[tuple[Worker, Response]]:
     """``async with dispatch(...) as (worker, response):`` the response head of a worker that took the request.
     The first try goes where the pool's router sends it (by the request's ``affinity``, when its profile reads
     one: gateway.routing.profiles), a retry to the least loaded of the others.
@@ -38,7 +38,8 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: 
     (what such a request continues is held there already, and its body is not the prompt the engine caches).
     ``room``: the workers that can start it now (the scheduler's view): the first try goes to one of them when
     there are any, so that a stale load figure does not send it to an engine at its limit (a prefix cached on
-    one may still go there: see gateway.routing.deciders).
+    one may still go there: see gateway.routing.deciders). ``on_send``: told of each try's worker as it is sent (the
+    scheduler's count of prefills per engine).
 
     Raises Unavailable when no worker is available, UpstreamFailed when every try failed."""
     exclude: set[Worker] = set()
@@ -72,6 +73,8 @@ async def dispatch(ctx: RequestContext, pool: UpstreamPool, path: str, payload: 
         with pool.lease(worker):
             if learns:
                 router.taken(affinity, worker)
+            if on_send is not None:
+                on_send(worker)
             sent: list[float] = []
             started = time.perf_counter()
             try:

@@ -492,6 +492,28 @@ def test_a_tenant_light_on_average_is_held_free_its_bursts_past_the_share(bursts
     asyncio.run(main())
 
 
+def test_a_tenant_light_on_average_is_not_paced_in_its_bursts() -> None:
+    """Pacing holds the overload's streams to the flow's prefills; a tenant using under its share on average
+    starts its burst's streams at once, past the share at the moment, before their first tokens."""
+    async def main() -> None:
+        h = Harness(tenant_headroom=0.75)
+        h.worker.learned.limit = 8
+        for _ in range(11):
+            held = [await h.admit(h.ctx("p2")) for _ in range(6)]
+            h.clock.now += 1.0
+            for ctx in held:
+                h.release(ctx)
+            h.clock.now += 9.0
+        h.release(await h.admit(h.ctx("p1")))  # a second premium tenant uses the pool
+        burst = [h.stream("p2") for _ in range(6)]
+        await settle()
+        assert all(t.done() for t in burst), "all six start, none has shown a first token"
+        assert len(h.pool.starting["p2"]) == 6
+        for task in burst:
+            h.release(task.result())
+    asyncio.run(main())
+
+
 def test_the_slots_left_free_for_quiet_tenants_are_capped() -> None:
     async def main() -> None:
         h = Harness(tenant_headroom=0.25)
@@ -808,3 +830,49 @@ def test_only_workers_with_a_free_slot_are_offered_to_the_router() -> None:
     full.inflight = 0
     assert controller.with_room(state, scheduling) == {full}
     assert controller.with_room(controller.states["one"], scheduling) == set(), "one worker: nothing to choose"
+
+
+def test_a_quiet_tenants_prefill_shares_an_engine_step_with_as_little_as_the_pool_allows() -> None:
+    """An engine prefills every prompt admitted in one step together: a quiet tenant's stream goes to the worker
+    with the least prefill in flight, and the flood's next streams keep off that worker until its first token."""
+    async def main() -> None:
+        snap = snapshot(tenant_headroom=0.5)
+        spec, scheduling = snap.policy.pools["p"], snap.policy.scheduling
+        clock = Clock()
+        w1, w2 = (live_worker(url, scraped_at=clock.now, limit=8) for url in ("http://w1", "http://w2"))
+        controller = Controller(clock=clock)
+        controller.track("p", [w1, w2], spec)
+        state = controller.states["p"]
+
+        def stream(tenant: str) -> RequestContext:
+            ctx = RequestContext(tenant, snap, CHAT)
+            ctx.tenant, ctx.service_class, ctx.stream = snap.tenants[tenant], "premium", True
+            return ctx
+
+        flood = [stream("p1") for _ in range(9)]  # over its share (8 of 16) once the quiet tenant asks
+        for ctx in flood:
+            await controller.admit(ctx, "p", 100, 100)
+        w1.inflight = w2.inflight = 4
+        controller.sent(flood[0], state, 4000, w1)  # a long prompt prefilling on w1
+        controller.sent(flood[1], state, 400, w2)  # a short one on w2
+        quiet = stream("p2")
+        await controller.admit(quiet, "p", 100, 100)
+        assert controller.with_room(state, scheduling, quiet) == {w2}, "where the least prefill is in flight"
+        assert controller.with_room(state, scheduling, flood[2]) == {w1, w2}, "no quiet prompt prefilling yet"
+        controller.sent(quiet, state, 400, w2)
+        assert controller.with_room(state, scheduling, flood[2]) == {w1}, "the flood keeps off its step"
+        controller.first_token(quiet, state, w2, scheduling, held=5, ttft=0.05)
+        assert controller.with_room(state, scheduling, flood[2]) == {w1, w2}, "its first token came: all open"
+        w1.inflight = 8
+        controller.sent(quiet, state, 400, w2)  # (a retry, say) prefilling on w2 again
+        assert controller.with_room(state, scheduling, flood[2]) == {w2}, "the only room left is taken anyway"
+        w1.inflight = 4
+        clock.now += STUCK_MIN_S + 0.1
+        assert controller.with_room(state, scheduling, flood[2]) == {w1, w2}, "a prefill this long is stuck"
+        plain = stream("p1")
+        plain.stream = False
+        assert controller.with_room(state, scheduling, plain) == {w1, w2}
+        for ctx in [*flood, quiet]:
+            controller.release(ctx, state)
+        assert not state.prefilling, "nothing kept past a request's end"
+    asyncio.run(main())
