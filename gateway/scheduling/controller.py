@@ -384,17 +384,17 @@ class Controller:
     def _least_contended(self, ctx: RequestContext, state: PoolState, scheduling: SchedulingPolicy,
                          room: set[Worker]) -> set[Worker]:
         """Of the workers with room, those where the request's prefill shares an engine step with the fewest
-        others: for a tenant under its share, the workers with the fewest streams prefilling; for the others,
+        others: for a tenant under its share, the workers with the least prefill in flight; for the others,
         those where no stream of such a tenant is prefilling (when there are any).
 
         Why: an engine runs every prompt admitted in one step together, and each running sequence waits for the
         step. On the fairness matrix's 2 x 64 cell the flood kept both engines prefilling most of the time, and
         a quiet tenant's request, started at once by the gateway (0.3 ms in its queue), waited there for the
         step in progress and then shared its own with the flood's new prompts: TTFT p95 224 ms beside the flood,
-        62 alone; 147 ms with this (the same requests; the flood answered 48.2 a second against 49.2, within the
-        quiet tenant's slots). Prefill work is read as the bodies' bytes: by count of streams, 152 ms. Sending the
-        flood's streams to the worker already prefilling most (so the other stays clear) was tried: one engine
-        then took a flood's worth of prompts, and the quiet tenant's p95 went to 312 ms."""
+        62 alone; 147 ms with this (the same requests; the flood answered 48.2 a second against 49.2 before it,
+        within the quiet tenant's slots). Prefill work is read as the bodies' bytes: by count of streams, 152 ms.
+        Sending the flood's streams to the worker already prefilling most (so the other stays clear) was tried:
+        one engine then took a flood's worth of prompts, and the quiet tenant's p95 went to 312 ms."""
         counts, guarded = state.contention(self.clock())
         tenant = ctx.tenant.name if ctx.tenant else ""
         if scheduling.tenant_headroom and self._under_share(state, scheduling, ctx.service_class, tenant):

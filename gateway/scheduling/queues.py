@@ -171,7 +171,7 @@ class PoolState:
         under its share."""
         counts: collections.Counter[str] = collections.Counter()
         guarded = set()
-        since = now - max(STUCK_MIN_S, STUCK_TTFTS * self._least_ttft())
+        since = self._stuck_before(now)
         for key, (url, size, light) in self.prefilling.items():
             if self.granted_at.get(key, now) < since:
                 continue
@@ -308,8 +308,7 @@ class PoolState:
         if len(active) < 2:
             return set()
         fair = room / len(active)
-        entitled = {t: max(fair, self.demand(t)) for t in active
-                    if (use := self.usage(t)) is not None and use < fair}
+        entitled = {t: max(fair, self.demand(t)) for t in active if self._light(t, fair)}
         rest = [t for t in active if t not in entitled]
         share = min(fair, max(1.0, room - sum(entitled.values())) / len(rest)) if rest else fair
         reserve = 0
@@ -331,8 +330,7 @@ class PoolState:
         if len(active) < 2:
             return False
         fair = room / len(active)
-        use = self.usage(tenant)
-        return self.held.get(tenant, 0) < fair or (use is not None and use < fair)
+        return self.held.get(tenant, 0) < fair or self._light(tenant, fair)
 
     def paced(self, klass: str, room: int, now: float) -> set[str]:
         """Tenants of ``klass`` that may not take another slot yet: those holding at least their fair share
@@ -355,7 +353,7 @@ class PoolState:
         if not any(len(ids) >= least for ids in self.starting.values()):
             return set()
         bound = self.prefill_bound(now)
-        since = now - max(STUCK_MIN_S, STUCK_TTFTS * self._least_ttft())  # before then: stuck, not prefilling
+        since = self._stuck_before(now)
         crowded = [t for t, ids in self.starting.items()
                    if len(ids) >= bound and sum(self.granted_at.get(i, now) > since for i in ids) >= bound]
         if not crowded:
@@ -380,6 +378,10 @@ class PoolState:
         many beside it (47.5-49.0 a second against 47.8-48.1), its engines being bound by prefill, not by how
         many prompts the gateway lets start at once."""
         return math.ceil(self.drain_rate(now) * self._least_ttft()) + max(1, len(self.workers))
+
+    def _stuck_before(self, now: float) -> float:
+        """A stream granted before this time and still without its first token is stuck, not prefilling."""
+        return now - max(STUCK_MIN_S, STUCK_TTFTS * self._least_ttft())
 
     def _least_ttft(self) -> float:
         """The workers' least times to a first token (their mean; 0 while none is known)."""

@@ -861,6 +861,9 @@ def test_a_quiet_tenants_prefill_shares_an_engine_step_with_as_little_as_the_poo
         assert controller.with_room(state, scheduling, flood[2]) == {w1, w2}, "no quiet prompt prefilling yet"
         controller.sent(quiet, state, 400, w2)
         assert controller.with_room(state, scheduling, flood[2]) == {w1}, "the flood keeps off its step"
+        plain = stream("p1")
+        plain.stream = False
+        assert controller.with_room(state, scheduling, plain) == {w1}, "a whole answer's prefill too"
         controller.first_token(quiet, state, w2, scheduling, held=5, ttft=0.05)
         assert controller.with_room(state, scheduling, flood[2]) == {w1, w2}, "its first token came: all open"
         w1.inflight = 8
@@ -869,9 +872,6 @@ def test_a_quiet_tenants_prefill_shares_an_engine_step_with_as_little_as_the_poo
         w1.inflight = 4
         clock.now += STUCK_MIN_S + 0.1
         assert controller.with_room(state, scheduling, flood[2]) == {w1, w2}, "a prefill this long is stuck"
-        plain = stream("p1")
-        plain.stream = False
-        assert controller.with_room(state, scheduling, plain) == {w1, w2}
         for ctx in [*flood, quiet]:
             controller.release(ctx, state)
         assert not state.prefilling, "nothing kept past a request's end"
