@@ -295,7 +295,14 @@ class PoolState:
           slots and left it at 245-303 ms;
         - the class's room: a share of the whole pool let a standard flood hold 8 of the 12 slots standard has
           of 16, and a quiet tenant needing 5 at its bursts queued for the flood's releases (313 ms against 83).
-        A lone tenant is never blocked.
+        - a tenant alone leaves the last slot to the class's tenants heard from within the minute (ACTIVE_S),
+          not active now (their idle gaps): one of them that returns starts at once, rather than wait for the
+          lone tenant's next answer to end. A flood that took a whole pool while a quiet tenant paused made the
+          quiet tenant's first request back wait 661-671 ms (the fairness matrix's overload 3x cell: the flood
+          filled the pool's 16 slots in 0.35 s and its first answers ended 0.6 s later; TTFT p95 1.88x what it
+          had alone). It costs the lone tenant one slot of the pool for a minute after another's last request;
+          a tenant never seen, or not for a minute, still waits for the next answer to end.
+        A lone tenant is never blocked otherwise.
         """
         if not scheduling.tenant_headroom:
             return set()
@@ -306,7 +313,7 @@ class PoolState:
             return set()
         active = self.active_in(klass, now)
         if len(active) < 2:
-            return set()
+            return set(active) if active and free_after < 1 and self._returning(klass, active, now) else set()
         fair = room / len(active)
         entitled = {t: max(fair, self.demand(t)) for t in active if self._light(t, fair)}
         rest = [t for t in active if t not in entitled]
@@ -320,6 +327,10 @@ class PoolState:
             else:
                 reserve += max(0, min(self.demand(tenant), math.ceil(mine)) - held)
         return heavy if free_after < min(max(1, reserve), cap) else set()
+
+    def _returning(self, klass: str, active: list[str], now: float) -> bool:
+        """Has a tenant of ``klass`` other than ``active`` asked for this pool within the minute?"""
+        return any(k == klass and t not in active and now - last < ACTIVE_S for (k, t), last in self.seen.items())
 
     def under_share(self, klass: str, tenant: str, room: int, now: float) -> bool:
         """Is ``tenant`` under its fair share of ``room`` (the slots ``klass`` may take), beside at least one

@@ -514,6 +514,32 @@ def test_a_tenant_light_on_average_is_not_paced_in_its_bursts() -> None:
     asyncio.run(main())
 
 
+def test_a_lone_tenant_leaves_the_last_slot_to_a_tenant_heard_from_within_the_minute() -> None:
+    """A tenant paused past its idle gaps is not active (no share held for it), but one slot stays free for its
+    return while it was heard from within the minute; after the minute, the lone tenant may take every slot."""
+    async def main() -> None:
+        h = Harness(tenant_headroom=0.75)
+        h.worker.learned.limit = 8
+        for _ in range(2):  # its habit: a request a second
+            h.release(await h.admit(h.ctx("p2")))
+            h.clock.now += 1.0
+        h.clock.now += 30.0  # past twenty of its gaps: not active, but heard from within the minute
+        flood = [h.queue("p1") for _ in range(12)]
+        await settle()
+        assert h.pool.held == {"p1": 7} and h.pool.queues["premium"].count == 5, "the last slot is left free"
+        back = h.queue("p2")
+        await settle()
+        assert back.done(), "the returning tenant starts at once, beside the lone tenant's queue"
+        h.release(back.result())
+        h.clock.now += 61.0  # a minute since its last request: the lone tenant may use every slot
+        h.release(next(t for t in flood if t.done()).result())
+        await settle()
+        assert h.pool.held == {"p1": 8}, "nothing is held for a tenant gone a minute"
+        for task in flood:
+            task.cancel()
+    asyncio.run(main())
+
+
 def test_the_slots_left_free_for_quiet_tenants_are_capped() -> None:
     async def main() -> None:
         h = Harness(tenant_headroom=0.25)
