@@ -301,7 +301,9 @@ class PoolState:
           quiet tenant's first request back wait 661-671 ms (the fairness matrix's overload 3x cell: the flood
           filled the pool's 16 slots in 0.35 s and its first answers ended 0.6 s later; TTFT p95 1.88x what it
           had alone). It costs the lone tenant one slot of the pool for a minute after another's last request;
-          a tenant never seen, or not for a minute, still waits for the next answer to end.
+          a tenant never seen, or not for a minute, still waits for the next answer to end. Only while the lone
+          tenant holds a slot: its own release then grants the last one once the minute is out, and in a pool
+          whose class has one slot of room (two, less the premium reserve) it is not shed beside an idle slot.
         A lone tenant is never blocked otherwise.
         """
         if not scheduling.tenant_headroom:
@@ -313,7 +315,8 @@ class PoolState:
             return set()
         active = self.active_in(klass, now)
         if len(active) < 2:
-            return set(active) if active and free_after < 1 and self._returning(klass, active, now) else set()
+            keep = active and free_after < 1 and self.held.get(active[0], 0) and self._returning(klass, active, now)
+            return set(active) if keep else set()
         fair = room / len(active)
         entitled = {t: max(fair, self.demand(t)) for t in active if self._light(t, fair)}
         rest = [t for t in active if t not in entitled]

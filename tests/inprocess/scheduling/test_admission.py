@@ -540,6 +540,22 @@ def test_a_lone_tenant_leaves_the_last_slot_to_a_tenant_heard_from_within_the_mi
     asyncio.run(main())
 
 
+def test_a_lone_tenant_holding_nothing_takes_the_last_slot() -> None:
+    """Held off the last slot only while it holds one: a standard tenant alone on an idle pool whose class has
+    one slot of room (two, less the premium reserve) starts at once, a minute's returning tenant or not."""
+    async def main() -> None:
+        h = Harness(tenant_headroom=0.75, premium_reserve=0.25)
+        for _ in range(2):
+            h.release(await h.admit(h.ctx("s2")))
+            h.clock.now += 1.0
+        h.clock.now += 30.0
+        lone = h.queue("s1")
+        await settle()
+        assert lone.done(), "nothing held: no release of its own would ever grant it"
+        h.release(lone.result())
+    asyncio.run(main())
+
+
 def test_the_slots_left_free_for_quiet_tenants_are_capped() -> None:
     async def main() -> None:
         h = Harness(tenant_headroom=0.25)
