@@ -191,14 +191,15 @@ def measure(cell: Cell, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cells", default="all", help="comma-separated cell names (see CELLS), or all")
+    parser.add_argument("--cells", default="all", help="cell names separated by ';' (a name may hold a comma: "
+                        "see CELLS), or all")
     parser.add_argument("--round-s", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--warmup-s", type=float, default=8.0)
     parser.add_argument("--answer-s", type=float, default=0.85, help="about how long an answer takes")
     parser.add_argument("--out", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args()
-    chosen = CELLS if args.cells == "all" else [c for c in CELLS if c.name in args.cells.split(",")]
+    chosen = CELLS if args.cells == "all" else [c for c in CELLS if c.name in args.cells.split(";")]
     table = []
     for cell in chosen:
         with tempfile.TemporaryDirectory() as tmp:
