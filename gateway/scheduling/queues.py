@@ -315,8 +315,9 @@ class PoolState:
             return set()
         active = self.active_in(klass, now)
         if len(active) < 2:
-            keep = active and free_after < 1 and self.held.get(active[0], 0) and self._returning(klass, active, now)
-            return set(active) if keep else set()
+            lone = set(active)
+            returning = set(self.active(now).get(klass, ())) - lone  # heard from within the minute, not active
+            return lone if lone and free_after < 1 and self.held.get(active[0], 0) > 0 and returning else set()
         fair = room / len(active)
         entitled = {t: max(fair, self.demand(t)) for t in active if self._light(t, fair)}
         rest = [t for t in active if t not in entitled]
@@ -330,10 +331,6 @@ class PoolState:
             else:
                 reserve += max(0, min(self.demand(tenant), math.ceil(mine)) - held)
         return heavy if free_after < min(max(1, reserve), cap) else set()
-
-    def _returning(self, klass: str, active: list[str], now: float) -> bool:
-        """Has a tenant of ``klass`` other than ``active`` asked for this pool within the minute?"""
-        return any(k == klass and t not in active and now - last < ACTIVE_S for (k, t), last in self.seen.items())
 
     def under_share(self, klass: str, tenant: str, room: int, now: float) -> bool:
         """Is ``tenant`` under its fair share of ``room`` (the slots ``klass`` may take), beside at least one

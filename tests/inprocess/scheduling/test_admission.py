@@ -75,6 +75,14 @@ class Harness:
         ctx.stream = True
         return asyncio.ensure_future(self.admit(ctx))
 
+    async def paused(self, tenant: str) -> None:
+        """A tenant's habit of a request a second, then 30 s of silence: past twenty of its gaps, so not active,
+        but heard from within the minute."""
+        for _ in range(2):
+            self.release(await self.admit(self.ctx(tenant)))
+            self.clock.now += 1.0
+        self.clock.now += 30.0
+
     async def overlapping(self, tenant: str, at_once: int, times: int = 3) -> None:
         """A tenant's habit: ``at_once`` requests running together, ``times`` times."""
         for _ in range(times):
@@ -520,10 +528,7 @@ def test_a_lone_tenant_leaves_the_last_slot_to_a_tenant_heard_from_within_the_mi
     async def main() -> None:
         h = Harness(tenant_headroom=0.75)
         h.worker.learned.limit = 8
-        for _ in range(2):  # its habit: a request a second
-            h.release(await h.admit(h.ctx("p2")))
-            h.clock.now += 1.0
-        h.clock.now += 30.0  # past twenty of its gaps: not active, but heard from within the minute
+        await h.paused("p2")
         flood = [h.queue("p1") for _ in range(12)]
         await settle()
         assert h.pool.held == {"p1": 7} and h.pool.queues["premium"].count == 5, "the last slot is left free"
@@ -545,10 +550,7 @@ def test_a_lone_tenant_holding_nothing_takes_the_last_slot() -> None:
     one slot of room (two, less the premium reserve) starts at once, a minute's returning tenant or not."""
     async def main() -> None:
         h = Harness(tenant_headroom=0.75, premium_reserve=0.25)
-        for _ in range(2):
-            h.release(await h.admit(h.ctx("s2")))
-            h.clock.now += 1.0
-        h.clock.now += 30.0
+        await h.paused("s2")
         lone = h.queue("s1")
         await settle()
         assert lone.done(), "nothing held: no release of its own would ever grant it"
