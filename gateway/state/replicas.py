@@ -216,9 +216,9 @@ class Replicas:
             if member.decode() == self.id or member.decode() not in self.live:
                 continue
             for pool, classes in _read_tenants(raw).items():
-                for klass, held in classes.items():
+                for klass, by_tenant in classes.items():
                     into = elsewhere.setdefault(pool, {}).setdefault(klass, {})
-                    for tenant, n in held.items():
+                    for tenant, n in by_tenant.items():
                         into[tenant] = into.get(tenant, 0) + n
         self.elsewhere = elsewhere
         young = now - self._joined < 2 * self.beat_s and len(self.live) > 1

@@ -1,0 +1,1 @@
+"""Shared state on this machine's Redis (the in-process part: tests/inprocess/state)."""
