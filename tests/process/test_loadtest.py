@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import struct
@@ -16,11 +17,11 @@ import orjson
 import pytest
 import yaml
 
-from loadtest.cli import find_knee
-from loadtest.client import Result, parse_server_timing
-from loadtest.spec import SLO, Distribution, SpecError, parse_spec
-from loadtest.stats import cdf, goodput, percentile, summarize
-from loadtest.workload import Workload
+from loadtest.harness.cli import _load, find_knee
+from loadtest.harness.client import Result, parse_server_timing
+from loadtest.harness.spec import SLO, Distribution, RequestClass, Spec, SpecError, parse_spec
+from loadtest.harness.stats import cdf, goodput, percentile, summarize
+from loadtest.harness.workload import Workload
 from tests.conftest import DEMO_KEY, ROOT, Proc, policy_dict
 
 SCENARIOS = sorted((ROOT / "loadtest" / "scenarios").glob("*.yaml"))
@@ -120,6 +121,18 @@ def test_cli_reports_a_bad_spec(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "classes.0.model" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_help_names_every_scenario_and_every_field_a_spec_accepts() -> None:
+    """`tollgate loadtest run --help` says where the scenarios are, what each does and what a spec holds; a
+    scenario's name runs it (a field added to the spec shows up without editing the help)."""
+    result = subprocess.run([sys.executable, "-m", "gateway", "loadtest", "run", "--help"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "100"})
+    assert result.returncode == 0, result.stderr
+    words = " ".join(result.stdout.split())
+    assert all(path.stem in words for path in SCENARIOS) and str(SCENARIOS[0].parent) in words
+    assert all(field in words for field in (*Spec.model_fields, *RequestClass.model_fields)), words
+    assert _load("smoke").name == "smoke"
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])

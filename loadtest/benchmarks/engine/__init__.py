@@ -1,0 +1,1 @@
+"""The engines: the simulated worker, real vLLM on CPU, the upstream transports."""

@@ -1,0 +1,1 @@
+"""Several processes and replicas: throughput per process, replicas at overload, a join, the scale signal."""

@@ -1,0 +1,1 @@
+"""Routing between workers: prefix-cache affinity within a load bound."""
