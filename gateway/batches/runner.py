@@ -35,7 +35,9 @@ from gateway.batches import lines
 from gateway.batches.store import ACTIVE, BatchRecord, BatchStore, new_id
 from gateway.context import RequestContext
 from gateway.endpoints import BY_PATH
-from gateway.errors import GatewayError, TryLater, UpstreamFailed
+from gateway.errors import GatewayError, KeyRevoked, TryLater, UpstreamFailed
+from gateway.keys.model import key_id
+from gateway.policy.loader import PolicySnapshot, TenantView
 from gateway.runtime import Gateway
 from gateway.sink import BufferSink
 
@@ -324,11 +326,18 @@ class BatchRunner:
         """Run one line; checkpoint its answer, or say when to retry it (and whether this try failed)."""
         gw, store = self.gw, self.store
         snapshot = gw.store.current
-        tenant = snapshot.tenants.get(record.tenant)
-        if tenant is None:
+        if snapshot.tenants.get(record.tenant) is None:
             await store.do(store.finish_line, record.id, line_no, False, lines.unanswered(
                 custom_id, "tenant_removed", f"The tenant '{record.tenant}' is no longer in the policy."))
             return None, 0
+        try:
+            tenant = await self._submitter(snapshot, record)
+        except KeyRevoked as exc:
+            await store.do(store.finish_line, record.id, line_no, False,
+                           lines.unanswered(custom_id, exc.code, exc.message))
+            return None, 0
+        except TryLater as exc:  # the key store is down: the line waits
+            return min(max(exc.retry_after_s, 0.1), MAX_RETRY_WAIT_S), 0
         body = await store.do(store.body, record.id, line_no)
         ctx = RequestContext(f"{record.id}-{line_no}", snapshot, BY_PATH[record.row["endpoint"]])
         ctx.tenant, ctx.batch, ctx.key_id = tenant, record.id, record.key_id  # the key that created the batch
@@ -347,6 +356,27 @@ class BatchRunner:
         await store.do(store.finish_line, record.id, line_no, 200 <= status < 300,
                        lines.answered(custom_id, status, ctx.request_id, answer), usage)
         return None, 0
+
+
+    async def _submitter(self, snapshot: PolicySnapshot, record: BatchRecord) -> TenantView:
+        """The tenant as the key that created the batch sees it now: a line is admitted as that key's request
+        (its models, budget and rate limit beside the tenant's), and not at all once the key is revoked or
+        expired (``KeyRevoked``). A rotated key's lines run under its live successor. A batch from before
+        keys were recorded runs as its tenant."""
+        tenant = snapshot.tenants[record.tenant]
+        kid = record.key_id
+        if kid is None:
+            return tenant
+        if any(key_id(k.removeprefix("sha256:")) == kid for k in snapshot.policy.tenants[record.tenant].keys):
+            return tenant  # a key the policy lists: its tenant's view
+        keys = self.gw.keys
+        view = keys.holder(snapshot, kid, time.time())
+        if view is None:  # made on another replica since this one's last poll, or gone from the policy
+            await keys.refresh()
+            view = keys.holder(snapshot, kid, time.time())
+        if view is None:
+            raise KeyRevoked(f"The API key {kid} that submitted this batch is no longer in the policy.")
+        return view
 
 
 def _take(lines_: Iterator[lines.Line], n: int) -> list[lines.Line]:

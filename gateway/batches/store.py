@@ -38,6 +38,7 @@ import orjson
 
 from gateway.batches.lines import Line, Usage, unanswered
 from gateway.errors import Unavailable
+from gateway.state.sqlite import connect
 
 log = logging.getLogger("tollgate.batches")
 
@@ -233,7 +234,8 @@ class BatchStore(abc.ABC):
     def list_files(self, tenant: str, purpose: str | None, limit: int, after: str | None,
                    newest_first: bool) -> list[FileRecord]:
         order = "DESC" if newest_first else "ASC"
-        sql, args = "SELECT * FROM batch_files WHERE tenant = ?", [tenant]
+        sql = "SELECT * FROM batch_files WHERE tenant = ?"
+        args: list[Any] = [tenant]
         if purpose:
             sql += " AND purpose = ?"
             args.append(purpose)
@@ -458,11 +460,9 @@ class SqliteBatchStore(BatchStore):
     def db(self) -> sqlite3.Connection:
         if self._db is None:
             # autocommit (transactions are explicit); used from the store's one thread, closed from wherever close() is
-            db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+            # the other processes of this host write too
+            db = connect(self._path, timeout=5.0, autocommit=True, check_same_thread=False)
             db.row_factory = sqlite3.Row
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.execute("PRAGMA busy_timeout=5000")  # the other processes of this host write too
             tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if "lines" in tables and "batch_lines" not in tables:  # a data directory from before claims
                 db.executescript("ALTER TABLE files RENAME TO batch_files; ALTER TABLE lines RENAME TO batch_lines; "
@@ -479,7 +479,8 @@ class SqliteBatchStore(BatchStore):
                 if column not in columns:  # a data directory from before lines kept their tokens
                     db.execute(f"ALTER TABLE batch_lines ADD COLUMN {column} BIGINT")
             self._db = db
-        return self._db
+        connection: sqlite3.Connection = self._db  # the backend's connection is held untyped (Any)
+        return connection
 
     def _run(self, sql: str, args: Iterable[Any] = ()) -> Any:
         return self.db.execute(sql, tuple(args))

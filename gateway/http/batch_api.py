@@ -37,7 +37,8 @@ MULTIPART_OVERHEAD = 64 * 1024  # form boundaries and the other fields, beyond t
 
 
 def runner_of(request: Request) -> BatchRunner:
-    return request.app.state.batches  # type: ignore[no-any-return]
+    runner: BatchRunner = request.app.state.batches  # starlette's app.state holds anything (Any)
+    return runner
 
 
 def store_of(request: Request) -> BatchStore:
@@ -50,11 +51,12 @@ async def upload(request: Request) -> Response:
     batches = runner.gw.store.current.policy.batches
     limit = batches.max_file_bytes
     too_large = TooLarge(f"The file is larger than the limit of {limit} bytes.", "file_too_large")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit + MULTIPART_OVERHEAD:
+    text = request.headers.get("content-length", "")
+    declared = int(text) if text.isascii() and text.isdigit() else None  # "²" is a digit to str.isdigit
+    if declared is not None and declared > limit + MULTIPART_OVERHEAD:
         raise too_large
     kept, kept_bytes = await store.do(store.tenant_usage, tenant.name)
-    _check_quota(batches, kept, kept_bytes + (int(declared) - MULTIPART_OVERHEAD if declared.isdigit() else 0))
+    _check_quota(batches, kept, kept_bytes + (declared - MULTIPART_OVERHEAD if declared is not None else 0))
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise InvalidRequest("Upload a file as multipart/form-data with the fields 'file' and 'purpose'.",
                              "invalid_content_type")
@@ -199,9 +201,9 @@ async def cancel_batch(request: Request) -> Response:
         raise Conflict(f"A batch with status '{record.status}' cannot be cancelled.", "batch_not_cancellable")
     runner.cancel(batch_id)
     runner.drive(batch_id)
-    record = await store.do(store.get_batch, batch_id, tenant.name)
-    assert record is not None
-    return json_response(record.to_openai())
+    latest = await store.do(store.get_batch, batch_id, tenant.name)
+    assert latest is not None
+    return json_response(latest.to_openai())
 
 
 ROUTES = [
@@ -241,7 +243,7 @@ def _copy(upload: UploadFile, target: Path) -> None:
 def _limit(text: str | None, most: int) -> int:
     if text is None:
         return min(20, most)
-    if not text.isdigit() or not 1 <= int(text) <= most:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= most:
         raise InvalidRequest(f"limit must be a whole number from 1 to {most}.", "invalid_limit", param="limit")
     return int(text)
 

@@ -2,7 +2,8 @@
 
 - ``POST /admin/keys`` {tenant, name, expires_at | expires_in_s, budget, rate_limit, models}: a new key, shown
   once in the answer (``key``) and stored only as its sha256;
-- ``GET /admin/keys`` (?tenant=) and ``GET /admin/keys/{id}``: what a key is and its status, never the key;
+- ``GET /admin/keys`` (?tenant=; paged by ?limit= and ?after=) and ``GET /admin/keys/{id}``: what a key is and its
+  status, never the key;
 - ``POST /admin/keys/{id}/revoke``: refused from now on, on every replica within a poll (gateway.keys.service);
 - ``POST /admin/keys/{id}/rotate`` {grace_s}: a new key like it; the old one works ``grace_s`` more (24 h);
 - ``PATCH /admin/keys/{id}`` {expires_at | expires_in_s}: when the key stops working (null: never).
@@ -13,7 +14,6 @@ Each operation is in the audit log, written in the transaction that makes the ch
 from __future__ import annotations
 
 import time
-from datetime import datetime
 from typing import Any
 
 import orjson
@@ -27,10 +27,11 @@ from gateway.http.admin import client_address, require_admin
 from gateway.http.asgi import read_body, request_headers
 from gateway.http.guards import gateway_of
 from gateway.http.responses import json_response
-from gateway.keys.model import DEFAULT_GRACE_S, MAX_GRACE_S, KeySpec, timestamp
+from gateway.keys.model import DEFAULT_GRACE_S, MAX_GRACE_S, KeySpec, Moment, timestamp
 from gateway.keys.service import KeyService
 
 MAX_BODY_BYTES = 64 * 1024
+DEFAULT_PAGE, MAX_PAGE = 100, 1000
 
 
 class Rotation(BaseModel):
@@ -44,7 +45,7 @@ class Expiry(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    expires_at: datetime | None = Field(None, description="ISO 8601 (UTC without an offset) or a Unix time")
+    expires_at: Moment | None = Field(None, description="ISO 8601 (UTC without an offset) or a Unix time")
     expires_in_s: float | None = Field(None, ge=0, le=10 * 365 * 86400)
 
     def moment(self, now: float) -> float | None:
@@ -91,10 +92,17 @@ async def create_key(request: Request) -> Response:
 
 
 async def list_keys(request: Request) -> Response:
+    """A page of keys, newest first (``limit``, 100 unless given, at most 1,000; ``after``: the last id of the
+    page before), as OpenAI's lists page: ``has_more``, ``first_id``, ``last_id``."""
     require_admin(request)
-    tenant = request.query_params.get("tenant")
+    params = request.query_params
+    raw = params.get("limit", str(DEFAULT_PAGE))
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_PAGE:
+        raise InvalidRequest(f"limit: a whole number from 1 to {MAX_PAGE}.", "invalid_value", param="limit")
+    page, more = keys_of(request).page(params.get("tenant"), params.get("after"), int(raw))
     now = time.time()
-    return json_response({"object": "list", "data": [r.public(now) for r in keys_of(request).keys(tenant)]})
+    return json_response({"object": "list", "data": [r.public(now) for r in page], "has_more": more,
+                          "first_id": page[0].id if page else None, "last_id": page[-1].id if page else None})
 
 
 async def get_key(request: Request) -> Response:

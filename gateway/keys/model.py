@@ -3,18 +3,24 @@
 A key belongs to one tenant and may narrow it, never widen it: its own budget, rate limit and model list are
 enforced beside the tenant's (both must pass), and its models are those of its list the tenant may use, so a
 policy that later narrows the tenant narrows its keys too. A key with nothing of its own is its tenant's view.
+
+A key and the keys rotated from it are one lineage: its own budget and rate limit are counted under the
+lineage's first key (its scope in ``TenantView.budget_scopes`` and ``rate_scopes``: "#" and that key's id), so
+a rotation hands the successor what its predecessors spent and sent this period, never a fresh allowance.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
+import unicodedata
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from gateway.policy.loader import PolicySnapshot, TenantView
 from gateway.policy.schema import Budget, Name, RateLimit
@@ -22,6 +28,23 @@ from gateway.policy.schema import Budget, Name, RateLimit
 KEY_PREFIX = "tg-"
 MAX_GRACE_S = 30 * 86400
 DEFAULT_GRACE_S = 86400.0
+# What a label for people may not hold: C0 and C1 controls and DEL, the bidirectional marks, embeddings,
+# overrides and isolates, and line and paragraph separators. Each can hide, reorder or break what a terminal, a
+# log line or a page shows (a name ending in U+202E reads backwards; one holding ESC or CSI drives the terminal).
+UNSAFE_TEXT = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def unsafe_character(text: str) -> str | None:
+    """Why ``text`` may not be stored as a label for people (see ``UNSAFE_TEXT``), naming its first such character
+    and where it is; None when it may."""
+    found = UNSAFE_TEXT.search(text)
+    if found is None:
+        return None
+    char = found.group()
+    name = unicodedata.name(char, "a control character")
+    return (f"holds U+{ord(char):04X} ({name}) at character {found.start() + 1}: control characters, bidirectional "
+            "marks, overrides and isolates, and line or paragraph separators are refused (they can hide or reorder "
+            "what a terminal or a page shows)")
 
 
 def hash_key(key: str) -> str:
@@ -50,19 +73,14 @@ class KeyedTenant(TenantView):
     key_id: str = ""
     key_budget: Budget | None = None
     key_rate_limit: RateLimit | None = None
+    lineage: tuple[str, ...] = ()  # this key and those it was rotated from, oldest first
 
 
-def own_budget(tenant: TenantView) -> tuple[str, Budget] | None:
-    """(the key's id, its budget) when the request's key has a budget of its own."""
-    if isinstance(tenant, KeyedTenant) and tenant.key_budget is not None:
-        return tenant.key_id, tenant.key_budget
-    return None
-
-
-def own_rate_limit(tenant: TenantView) -> tuple[str, RateLimit] | None:
-    if isinstance(tenant, KeyedTenant) and tenant.key_rate_limit is not None:
-        return tenant.key_id, tenant.key_rate_limit
-    return None
+def lineage_of(tenant: TenantView) -> tuple[str, ...]:
+    """The key ids whose ledger records count against the request's key's own budget."""
+    if isinstance(tenant, KeyedTenant):
+        return tenant.lineage or (tenant.key_id,)
+    return ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,16 +143,31 @@ def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def narrowed(base: TenantView, record: KeyRecord) -> TenantView:
-    """The tenant as this key may use it (the tenant's own view when the key narrows nothing)."""
+def narrowed(base: TenantView, record: KeyRecord, lineage: tuple[str, ...] = ()) -> TenantView:
+    """The tenant as this key may use it (the tenant's own view when the key narrows nothing); ``lineage``: the
+    key's id and those it was rotated from, oldest first (its own limits are counted under the first)."""
     if record.budget is None and record.rate_limit is None and record.models is None:
         return base
     models = base.models
     if record.models is not None:
         models = frozenset(record.models) if models is None else models & frozenset(record.models)
     values = {f.name: getattr(base, f.name) for f in fields(TenantView)}
-    return KeyedTenant(**{**values, "models": models}, key_id=record.id, key_budget=record.budget,
-                       key_rate_limit=record.rate_limit)
+    lineage = lineage or (record.id,)
+    meter = "#" + lineage[0]  # a key's scope: a name no tenant can have
+    budgets = base.budget_scopes + (((meter, record.budget),) if record.budget is not None else ())
+    rates = base.rate_scopes + (((meter, record.rate_limit),) if record.rate_limit is not None else ())
+    return KeyedTenant(**{**values, "models": models, "budget_scopes": budgets, "rate_scopes": rates},
+                       key_id=record.id, key_budget=record.budget, key_rate_limit=record.rate_limit, lineage=lineage)
+
+
+def _sane(moment: datetime) -> datetime:
+    """A key's expiry within years any clock handles (a zone offset at year 9999 overflows a timestamp)."""
+    if not 1971 <= moment.year <= 8999:
+        raise ValueError("must be a moment between the years 1971 and 8999")
+    return moment
+
+
+Moment = Annotated[datetime, AfterValidator(_sane)]
 
 
 class KeySpec(BaseModel):
@@ -143,8 +176,9 @@ class KeySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tenant: Name
-    name: str = Field("", max_length=128, pattern=r"^[^\x00-\x1f\x7f]*$", description="a label for people")
-    expires_at: datetime | None = Field(None, description="ISO 8601 (UTC without an offset) or a Unix time")
+    name: str = Field("", max_length=128, description="a label for people (no control, bidi or separator "
+                      "characters: spec_problems)")
+    expires_at: Moment | None = Field(None, description="ISO 8601 (UTC without an offset) or a Unix time")
     expires_in_s: float | None = Field(None, gt=0, le=10 * 365 * 86400)
     budget: Budget | None = None
     rate_limit: RateLimit | None = None
@@ -162,11 +196,14 @@ def timestamp(moment: datetime) -> float:
 
 
 def spec_problems(snapshot: PolicySnapshot, spec: KeySpec, now: float) -> list[tuple[str, str]]:
-    """Why the policy's tenant cannot have this key, each with its parameter: a key narrows, never widens."""
+    """Why the policy's tenant cannot have this key, each with its parameter: a name holding what may not be shown
+    (``unsafe_character``), and a key narrows, never widens."""
+    unsafe = unsafe_character(spec.name)
+    named = [("name", unsafe)] if unsafe is not None else []
     tenant = snapshot.tenants.get(spec.tenant)
     if tenant is None:
-        return [("tenant", f"no tenant '{spec.tenant}' in the policy")]
-    problems: list[tuple[str, str]] = []
+        return [*named, ("tenant", f"no tenant '{spec.tenant}' in the policy")]
+    problems: list[tuple[str, str]] = named
     if spec.expires_at is not None and spec.expires_in_s is not None:
         problems.append(("expires_at", "give expires_at or expires_in_s, not both"))
     expiry = spec.expiry(now)

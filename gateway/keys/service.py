@@ -19,13 +19,13 @@ import logging
 import secrets
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from gateway.errors import Conflict, InvalidRequest, NotFound
+from gateway.errors import Conflict, InvalidRequest, KeyRevoked, NotFound
 from gateway.keys.model import (
     KeyRecord,
     KeySpec,
@@ -66,6 +66,9 @@ class KeyService:
         self._by_id: dict[str, KeyRecord] = {}
         self._views: dict[str, tuple[TenantView, int, TenantView]] = {}  # digest -> (base, version, view)
         self._down = False
+        self._bound: PolicySnapshot | None = None  # the newest snapshot bound
+        self._orphans: set[str] = set()  # keys whose tenant left the policy, to be revoked
+        self._left: dict[str, float] = {}  # tenants this process saw leave the policy -> when
 
     # -- the request path ------------------------------------------------------------------------------------
 
@@ -75,13 +78,45 @@ class KeyService:
     def view(self, snapshot: PolicySnapshot, record: KeyRecord) -> TenantView | None:
         """The key's tenant as the key narrows it, under this snapshot (None: the tenant left the policy)."""
         base = snapshot.tenants.get(record.tenant)
-        if base is None:
+        if base is None or record.id in self._orphans:  # an orphan stays dead while its revocation is pending
             return None
         cached = self._views.get(record.digest)
         if cached is not None and cached[0] is base and cached[1] == record.version:
             return cached[2]
-        view = narrowed(base, record)
+        view = narrowed(base, record, self.lineage(record))
         self._views[record.digest] = (base, record.version, view)
+        return view
+
+    def lineage(self, record: KeyRecord) -> tuple[str, ...]:
+        """The key's id and those it was rotated from, oldest first (a broken chain ends where it breaks)."""
+        chain = [record.id]
+        seen = {record.id}
+        while (previous := self._by_id.get(chain[-1])) is not None and previous.rotated_from is not None \
+                and previous.rotated_from not in seen:
+            chain.append(previous.rotated_from)
+            seen.add(previous.rotated_from)
+        return tuple(reversed(chain))
+
+    def holder(self, snapshot: PolicySnapshot, kid: str, now: float) -> TenantView | None:
+        """The tenant view a runtime key's deferred work (a batch's lines) runs under now: the key's, or, when it
+        was rotated and its grace ended, its live successor's. None: no runtime key of that id (a policy key's
+        work runs as its tenant). Raises ``KeyRevoked`` when neither the key nor a successor is live, or the key's
+        tenant left the policy."""
+        record = self._by_id.get(kid)
+        if record is None:
+            return None
+        seen = {record.id}
+        while not record.valid(now) and record.revoked_at is None and record.rotated_to is not None:
+            successor = self._by_id.get(record.rotated_to)
+            if successor is None or successor.id in seen:
+                break
+            record = successor
+            seen.add(record.id)
+        if not record.valid(now):
+            raise KeyRevoked(f"The API key {kid} that submitted this work is {record.status(now)}.")
+        view = self.view(snapshot, record)
+        if view is None:
+            raise KeyRevoked(f"The API key {kid}'s tenant '{record.tenant}' is no longer in the policy.")
         return view
 
     def bind(self, snapshot: PolicySnapshot) -> None:
@@ -91,6 +126,35 @@ class KeyService:
         if sid not in _serving:
             weakref.finalize(snapshot, _serving.pop, sid, None)
         _serving[sid] = self
+        previous, self._bound = self._bound, snapshot
+        if previous is not None:
+            now = self.clock()
+            for name in previous.tenants.keys() - snapshot.tenants.keys():
+                self._left[name] = now
+        self._orphans.update(self._orphaned(self._by_id.values()))
+
+    def _orphaned(self, records: Iterable[KeyRecord]) -> set[str]:
+        """Keys not yet revoked that were made before their tenant left the policy, as this process saw it leave
+        (a policy it applied without the tenant, after one with it). A process still on an older policy, or
+        started without the tenant, revokes nothing: it may simply not have the newer policy yet."""
+        left = self._left
+        return {r.id for r in records
+                if r.revoked_at is None and r.tenant in left and r.created_at <= left[r.tenant]}
+
+    async def _retire(self) -> None:
+        """Revoke, for good, the keys whose tenant left the policy (a tenant of that name added back later is a
+        new tenant and gets new keys). Audited as the policy's doing; another replica's revocation first is
+        fine."""
+        now = self.clock()
+        for kid in sorted(self._orphans):
+            def plan(row: dict[str, Any] | None, kid: str = kid) -> Change:
+                if row is None or row["revoked_at"] is not None:
+                    return Change()
+                return Change({"revoked_at": now, "revoked_by": "policy"}, audit=audit_entry(
+                    now, "policy", None, "key.revoke", kid,
+                    {"tenant": row["tenant"], "name": row["name"], "reason": "tenant_removed"}))
+            await self.store.do(self.store.change, kid, plan)
+            self._orphans.discard(kid)
 
     # -- keeping in step --------------------------------------------------------------------------------------
 
@@ -116,7 +180,11 @@ class KeyService:
             held = self._by_id.get(record.id)
             if held is None or held.version < record.version:  # a slower poll's older rows never win
                 self._by_id[record.id] = self._by_digest[record.digest] = record
+                self._orphans.update(self._orphaned((record,)))
             self.version = max(self.version, record.version)
+        if self._orphans:
+            await self._retire()
+            return len(rows) + await self.refresh()
         return len(rows)
 
     async def _refresh_quietly(self) -> None:
@@ -148,6 +216,20 @@ class KeyService:
         found = [r for r in self._by_id.values() if tenant is None or r.tenant == tenant]
         return sorted(found, key=lambda r: (r.created_at, r.id), reverse=True)
 
+    def page(self, tenant: str | None, after: str | None, limit: int) -> tuple[list[KeyRecord], bool]:
+        """Newest first: at most ``limit`` keys after the key ``after`` (the last of the page before), and whether
+        more follow."""
+        found = self.keys(tenant)
+        if after is not None:
+            anchor = self._by_id.get(after)
+            if anchor is None or (tenant is not None and anchor.tenant != tenant):
+                raise InvalidRequest(f"after: no key {after[:40]!r} in this list.", "invalid_cursor", param="after")
+            mark = (anchor.created_at, anchor.id)
+            found = [r for r in found if (r.created_at, r.id) < mark]
+        if len(found) <= limit:
+            return found, False
+        return found[:limit], True
+
     def get(self, kid: str) -> KeyRecord:
         record = self._by_id.get(kid)
         if record is None:
@@ -166,14 +248,15 @@ class KeyService:
                   "models": spec.models}
         for attempt in range(3):  # an id is 48 bits of the hash: a clash is refused by the table, and redrawn
             secret, digest = _fresh()
-            row = {**dict.fromkeys(("revoked_at", "revoked_by", "rotated_from", "rotated_to")),
-                   "id": key_id(digest), "digest": digest, "tenant": spec.tenant, "name": spec.name,
-                   "created_at": now, "created_by": actor, "expires_at": spec.expiry(now),
-                   "limits": orjson.dumps(limits).decode()}
+            row: dict[str, Any] = {
+                **dict.fromkeys(("revoked_at", "revoked_by", "rotated_from", "rotated_to")),
+                "id": key_id(digest), "digest": digest, "tenant": spec.tenant, "name": spec.name,
+                "created_at": now, "created_by": actor, "expires_at": spec.expiry(now),
+                "limits": orjson.dumps(limits).decode()}
             audit = audit_entry(now, actor, client, "key.create", row["id"], {
                 "tenant": spec.tenant, "name": spec.name, "expires_at": iso(row["expires_at"]), **limits})
             try:
-                await self.store.do(self.store.add, row, audit)
+                await self.store.do(self.store.add, row, audit, (snapshot.policy.keys.max_per_tenant, now))
                 break
             except self.store.duplicate:
                 if attempt == 2:
@@ -233,6 +316,9 @@ class KeyService:
 
         def plan(row: dict[str, Any] | None) -> Change:
             row = _live(kid, row, now, expired_ok=True)
+            if row["rotated_to"] and (at is None or row["expires_at"] is None or at > row["expires_at"]):
+                raise Conflict(f"{kid} was rotated to {row['rotated_to']}: its expiry can be brought forward, "
+                               "never put back (use the successor).", "key_rotated")
             return Change({"expires_at": at}, audit=audit_entry(now, actor, client, "key.expire", kid, {
                 "tenant": row["tenant"], "expires_at": {"old": iso(row["expires_at"]), "new": iso(at)}}))
         return await self._change(kid, plan)

@@ -8,6 +8,11 @@ indexed query per poll, none per request). Writers hold the counter's row from t
 commit, so numbers commit in order and a reader never sees a number before every smaller one. An admin action's
 audit entry commits in the transaction of the change it records.
 
+An audit entry's details are bounded in bytes (``bounded``: at most ``MAX_DETAILS_BYTES`` of JSON, lists cut
+from their end and oversized members summarised, with a ``truncated`` marker saying what was left out), as
+written and as read (an entry stored before the bound is shown bounded); the log reads in pages bounded in bytes
+too (``audit_page``), sized in the database before any entry is fetched.
+
 Every method blocks; ``do`` runs them on the store's one thread, on its one connection.
 """
 
@@ -24,7 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gateway.errors import Unavailable
+import orjson
+
+from gateway.errors import Conflict, Unavailable
+from gateway.state.sqlite import connect
 
 log = logging.getLogger("tollgate.keys")
 T = TypeVar("T")
@@ -32,6 +40,10 @@ FILE = "admin.sqlite3"
 KEY_COLUMNS = ("id", "digest", "tenant", "name", "created_at", "created_by", "expires_at", "revoked_at",
                "revoked_by", "rotated_from", "rotated_to", "limits", "version")
 AUDIT_COLUMNS = ("id", "time", "actor", "client", "action", "target", "details")
+MAX_DETAILS_BYTES = 16 * 1024  # of one audit entry's details, as JSON
+ENTRY_OVERHEAD_BYTES = 512  # an entry's other fields as the log shows them (id, time, actor, client, peer, action)
+TARGET = "COALESCE(target, '')"
+_MARKER_BYTES = 512  # room kept for the truncated marker
 
 # {real}: a float column. The same tables in both stores, made by the first connection that finds them missing
 # (PostgreSQL's statements would otherwise take locks that wait on, and deadlock with, a writer holding the
@@ -59,6 +71,57 @@ class Change:
     updates: dict[str, Any] = field(default_factory=dict)
     inserts: list[dict[str, Any]] = field(default_factory=list)
     audit: dict[str, Any] | None = None
+
+
+def bounded(details: str, limit: int = MAX_DETAILS_BYTES) -> str:
+    """An audit entry's details (JSON text) within ``limit`` bytes: as given when they fit; else the object with
+    its list members cut from their end, and any other member too large for what is left replaced by
+    ``{"omitted": "<n> bytes of JSON"}``, plus ``truncated``: ``{"bytes": the whole's size, "bytes_left_out": n,
+    "left_out": {member: items left out of it}}`` (a policy change's ``changes`` are its paths). Members keep
+    their order; small members are kept before lists take what is left. Never longer than ``limit``."""
+    size = len(details.encode())
+    if size <= limit:
+        return details
+    try:
+        data = orjson.loads(details)
+    except orjson.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict):
+        return orjson.dumps({"truncated": {"bytes": size, "bytes_left_out": size, "left_out": {}}}).decode()
+    room = limit - _MARKER_BYTES
+    kept: dict[str, Any] = {}
+    used = 2  # {}
+    lists = []
+    for name, value in data.items():
+        if isinstance(value, list):
+            kept[name] = []
+            lists.append(name)
+            used += len(orjson.dumps(name)) + 4  # "name":[],
+            continue
+        whole = len(orjson.dumps({name: value})) - 1  # "name":value,
+        if used + whole > room:
+            value = {"omitted": f"{whole} bytes of JSON"}
+            whole = len(orjson.dumps({name: value})) - 1
+        kept[name] = value
+        used += whole
+    left_out: dict[str, int] = {}
+    for name in lists:
+        items = data[name]
+        for item in items:
+            cost = len(orjson.dumps(item)) + 1
+            if used + cost > room:
+                break
+            kept[name].append(item)
+            used += cost
+        if len(kept[name]) < len(items):
+            left_out[name] = len(items) - len(kept[name])
+    shown = orjson.dumps(kept)
+    marker = {"bytes": size, "bytes_left_out": max(0, size - len(shown)), "left_out": left_out}
+    out = orjson.dumps({**kept, "truncated": marker})
+    if len(out) > limit:  # members beyond counting (thousands of small ones): the marker alone
+        marker = {"bytes": size, "bytes_left_out": size, "left_out": {}, "members_left_out": len(data)}
+        out = orjson.dumps({"truncated": marker})
+    return out.decode()
 
 
 class KeyStore(abc.ABC):
@@ -110,13 +173,25 @@ class KeyStore(abc.ABC):
                    .fetchone()[0])
 
     def _insert(self, table: str, columns: tuple[str, ...], row: dict[str, Any]) -> None:
+        if table == "admin_audit":  # every audit entry, whichever change it commits with, is bounded here
+            row = {**row, "details": bounded(row["details"])}
         self._run(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
                   [row.get(c) for c in columns])
 
-    def add(self, row: dict[str, Any], audit: dict[str, Any]) -> None:
-        """A new key and the audit entry that says who made it."""
+    def add(self, row: dict[str, Any], audit: dict[str, Any], cap: tuple[int, float] | None = None) -> None:
+        """A new key and the audit entry that says who made it. ``cap``: (most live keys, now): refused with
+        ``Conflict`` when the tenant holds that many keys neither revoked nor expired (counted inside the
+        transaction, after the counter's row is held: two admins cannot both take the last place)."""
         with self._transaction():
-            self._insert("api_keys", KEY_COLUMNS, {**row, "version": self._bump()})
+            version = self._bump()
+            if cap is not None:
+                most, now = cap
+                live = self._run("SELECT COUNT(*) FROM api_keys WHERE tenant = ? AND revoked_at IS NULL AND "
+                                 "(expires_at IS NULL OR expires_at > ?)", (row["tenant"], now)).fetchone()[0]
+                if live >= most:
+                    raise Conflict(f"Tenant '{row['tenant']}' holds {live} live keys, the most keys.max_per_tenant "
+                                   "allows: revoke or expire one first.", "too_many_keys")
+            self._insert("api_keys", KEY_COLUMNS, {**row, "version": version})
             self._insert("admin_audit", AUDIT_COLUMNS, audit)
 
     def change(self, key: str, plan: Callable[[dict[str, Any] | None], Change]) -> None:
@@ -145,9 +220,51 @@ class KeyStore(abc.ABC):
             self._insert("admin_audit", AUDIT_COLUMNS, entry)
 
     def audit(self, start: str, end: str, limit: int) -> list[dict[str, Any]]:
-        """Entries in [start, end), newest first."""
-        return self._rows(f"SELECT {', '.join(AUDIT_COLUMNS)} FROM admin_audit WHERE time >= ? AND time < ? "
-                          f"ORDER BY time DESC, id DESC LIMIT {int(limit)}", (start, end))
+        """Entries in [start, end), newest first (details bounded)."""
+        return self.audit_page(start, end, limit, None, None)[0]
+
+    # the byte length of a text column, in this database's SQL
+    _octets = "length(CAST({} AS BLOB))"
+
+    def audit_page(self, start: str, end: str, limit: int, after: tuple[str, str] | None,
+                   budget: int | None) -> tuple[list[dict[str, Any]], bool]:
+        """A page of the entries in [start, end), newest first, after the entry ``after`` (its (time, id): the last
+        of the page before): at most ``limit`` entries whose details and ``ENTRY_OVERHEAD_BYTES`` each come to at
+        most ``budget`` bytes (None: no bound), and always one. (the entries, details bounded; whether more
+        follow). The sizes are read first, in the database; an entry stored before the bound is fetched alone and
+        bounded before the next one is read."""
+        where, args = "time >= ? AND time < ?", [start, end]
+        if after is not None:
+            where += " AND (time < ? OR (time = ? AND id < ?))"
+            args += [after[0], after[0], after[1]]
+        order = f"ORDER BY time DESC, id DESC LIMIT {int(limit) + 1}"
+        sizes = self._rows(f"SELECT id, {self._octets.format('details')} AS size, "
+                           f"{self._octets.format(TARGET)} AS target_size "
+                           f"FROM admin_audit WHERE {where} {order}", args)
+        taken: list[str] = []
+        used = 0
+        for row in sizes[:limit]:
+            cost = min(int(row["size"]), MAX_DETAILS_BYTES) + int(row["target_size"]) + ENTRY_OVERHEAD_BYTES
+            if taken and budget is not None and used + cost > budget:
+                break
+            taken.append(row["id"])
+            used += cost
+        more = len(taken) < len(sizes)
+        if not taken:
+            return [], more
+        chosen = set(taken)
+        small = [r["id"] for r in sizes if r["id"] in chosen and int(r["size"]) <= MAX_DETAILS_BYTES]
+        columns = ", ".join(AUDIT_COLUMNS)
+        found = {r["id"]: r for r in self._rows(
+            f"SELECT {columns} FROM admin_audit WHERE id IN ({', '.join('?' * len(small))})", small)} if small else {}
+        out = []
+        for kid in taken:
+            entry = found.get(kid)
+            if entry is None:  # larger than the bound (written before it): alone, and bounded at once
+                entry = self._rows(f"SELECT {columns} FROM admin_audit WHERE id = ?", (kid,))[0]
+                entry["details"] = bounded(entry["details"])
+            out.append(entry)
+        return out, more
 
 
 class SqliteKeyStore(KeyStore):
@@ -160,10 +277,8 @@ class SqliteKeyStore(KeyStore):
     @property
     def db(self) -> sqlite3.Connection:
         if self._db is None:
-            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.execute("PRAGMA busy_timeout=5000")  # the other processes of this host write too
+            # the other processes of this host write too
+            db = connect(self.path, timeout=5.0, autocommit=True, check_same_thread=False)
             db.execute("BEGIN IMMEDIATE")
             try:
                 for statement in _SCHEMA.format(real="REAL").split(";"):
@@ -173,7 +288,8 @@ class SqliteKeyStore(KeyStore):
                 raise
             db.execute("COMMIT")
             self._db = db
-        return self._db
+        connection: sqlite3.Connection = self._db  # the backend's connection is held untyped (Any)
+        return connection
 
     def _run(self, sql: str, args: Iterable[Any] = ()) -> Any:
         return self.db.execute(sql, tuple(args))
@@ -192,6 +308,7 @@ class SqliteKeyStore(KeyStore):
 
 class PostgresKeyStore(KeyStore):
     mark = "%s"
+    _octets = "octet_length({})"
 
     def __init__(self, dsn: str) -> None:
         import psycopg

@@ -35,6 +35,8 @@ class _Mean:
 class _Hours:
     spend: dict[int, float] = field(default_factory=dict)  # hour number -> USD
     alerted: int = -1
+    usual_of: int = -1  # the hour ``usual`` was computed in
+    usual: float | None = None  # the mean hourly spend of the hours before it (None: fewer than three)
 
 
 class Baselines:
@@ -58,7 +60,9 @@ class Baselines:
 
     def observe(self, tenant: str, worst_usd: float, rule: AnomalyRule) -> None:
         worst_usd = min(worst_usd, RAMP * self.baseline(tenant, rule))
-        mean = self._means.setdefault(tenant, _Mean())
+        mean = self._means.get(tenant)
+        if mean is None:
+            mean = self._means[tenant] = _Mean()
         mean.samples += 1
         # a plain mean while warming up, then an exponentially weighted one
         weight = max(ALPHA, 1.0 / mean.samples)
@@ -66,16 +70,22 @@ class Baselines:
 
     def spend_rate_anomaly(self, tenant: str, cost_usd: float, now: float, k: float) -> tuple[float, float] | None:
         """Add spend; (this hour's spend, usual hourly spend) the first time this hour goes over k x usual."""
-        hours = self._hours.setdefault(tenant, _Hours())
+        hours = self._hours.get(tenant)
+        if hours is None:
+            hours = self._hours[tenant] = _Hours()
         hour = int(now // 3600)
-        hours.spend[hour] = hours.spend.get(hour, 0.0) + cost_usd
-        for old in [h for h in hours.spend if h < hour - HOURS]:
-            del hours.spend[old]
-        previous = [v for h, v in hours.spend.items() if h < hour and v > 0]
-        if len(previous) < 3 or hours.alerted == hour:
+        spent = hours.spend[hour] = hours.spend.get(hour, 0.0) + cost_usd
+        if hours.usual_of != hour:  # the previous hours' mean, once an hour: they change only when it turns
+            for old in [h for h in hours.spend if h < hour - HOURS]:
+                del hours.spend[old]
+            previous = [v for h, v in hours.spend.items() if h < hour and v > 0]
+            hours.usual_of = hour
+            hours.usual = sum(previous) / (HOURS if len(previous) >= HOURS else len(previous)) \
+                if len(previous) >= 3 else None
+        usual = hours.usual
+        if usual is None or hours.alerted == hour:
             return None
-        usual = sum(previous) / (HOURS if len(previous) >= HOURS else len(previous))
-        if hours.spend[hour] > k * usual:
+        if spent > k * usual:
             hours.alerted = hour
             return hours.spend[hour], usual
         return None

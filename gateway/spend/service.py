@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.context import RequestContext
 from gateway.errors import InvalidRequest, OverBudget
-from gateway.keys.model import own_budget
+from gateway.keys.model import lineage_of
 from gateway.ledger import prices as pricing
 from gateway.ledger import times
 from gateway.ledger.prices import plain
@@ -38,7 +38,7 @@ from gateway.ledger.stores import OPEN_END, LedgerStore
 from gateway.openai_api import Call, clamp_output
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.loader import TenantView
-from gateway.policy.schema import Budget
+from gateway.policy.schema import Budget, Tier
 from gateway.spend.alerts import Alerts
 from gateway.spend.anomaly import Baselines
 from gateway.spend.counters import NANO, Counters, MemoryCounters, RedisCounters
@@ -84,15 +84,6 @@ def _held(reservation: object | None) -> list[Reservation]:
     return found
 
 
-def _budgets(tenant: TenantView) -> list[tuple[str, Budget]]:
-    """The budgets a request of this tenant's key is held to, by scope."""
-    budgets = [(tenant.name, tenant.budget)] if tenant.budget is not None else []
-    own = own_budget(tenant)
-    if own is not None:
-        budgets.append(("#" + own[0], own[1]))
-    return budgets
-
-
 _RID_PREFIX = os.urandom(6).hex()  # reservation ids: unique across processes, no syscall per request
 _rids = itertools.count()
 
@@ -102,10 +93,10 @@ def period_key(tenant: str, budget: Budget, now: float) -> str:
     return f"{tenant}:{day:%Y-%m-%d}" if budget.period == "day" else f"{tenant}:{day:%Y-%m}"
 
 
-def _worst_usd(ctx: RequestContext, call: Call, prices: Any, version: Any, prompt: int, klass: str) -> float:
+def _worst_usd(ctx: RequestContext, call: Call, prices: Any, version: Any, prompt: int, klass: Tier) -> float:
     """What a request costs at most with ``prompt`` prompt tokens and every sequence at its max_tokens."""
-    usage = pricing.Usage(prompt, call.max_output * call.sequences)
-    return pricing.cost(prices, version, usage, klass, ctx.batch is not None, False)
+    per_prompt, per_output = pricing.rates(prices, version, klass, ctx.batch is not None)
+    return prompt * per_prompt + call.max_output * call.sequences * per_output
 
 
 class Spend:
@@ -122,7 +113,7 @@ class Spend:
         self._seeding: dict[str, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def admit(self, ctx: RequestContext, call: Call) -> str:
+    async def admit(self, ctx: RequestContext, call: Call) -> Tier:
         """Apply the anomaly rule and reserve the worst case; returns the class the request runs in (its own,
         or batch when the rule downgrades it)."""
         tenant = ctx.tenant
@@ -133,23 +124,23 @@ class Spend:
         if version is None:
             return ctx.service_class  # an unpriced model: nothing to budget or compare
         klass = ctx.service_class
-
-        def priced(prompt: int) -> float:
-            return _worst_usd(ctx, call, prices, version, prompt, klass)
-
+        per_prompt, per_output = pricing.rates(prices, version, klass, ctx.batch is not None)
         # The anomaly rule compares what a request may generate with the tenant's usual; an embeddings request
         # generates nothing (nothing to clamp), and its small costs would lower the usual of the tenant's chat.
         if call.max_output and not ctx.probe:  # a probe's prompts are the operator's, not the tenant's usual
-            usual_usd = priced(call.prompt_estimate)  # the anomaly rule's measure of a request's size
+            # the anomaly rule's measure of a request's size: its prompt as usually written, every sequence long
+            usual_usd = call.prompt_estimate * per_prompt + call.max_output * call.sequences * per_output
             rule = tenant.anomaly
             if not self.baselines.known(tenant.name):
                 await self._seed_baseline(tenant.name, now)
             baseline = self.baselines.baseline(tenant.name, rule)
             if usual_usd > rule.k * baseline:
-                klass = self._anomaly(ctx, call, usual_usd, baseline, version)
+                klass = self._anomaly(ctx, call, usual_usd, baseline, version)  # may clamp or downgrade
+                per_prompt, per_output = pricing.rates(prices, version, klass, ctx.batch is not None)
             else:
                 self.baselines.observe(tenant.name, usual_usd, rule)
-        await self._reserve_all(ctx, tenant, priced(call.prompt_bound), now)  # a bound
+        worst_usd = call.prompt_bound * per_prompt + call.max_output * call.sequences * per_output  # a bound
+        await self._reserve_all(ctx, tenant, worst_usd, now)
         return klass
 
     async def switch(self, ctx: RequestContext, call: Call) -> None:
@@ -169,7 +160,7 @@ class Spend:
         await self._reserve_all(ctx, tenant, worst, now)
 
     def _anomaly(self, ctx: RequestContext, call: Call, worst_usd: float, baseline: float,
-                 version: Any) -> str:
+                 version: Any) -> Tier:
         tenant = ctx.tenant
         assert tenant is not None
         rule = tenant.anomaly
@@ -194,7 +185,7 @@ class Spend:
         the context for the request's settle to release."""
         held: Reservation | None = None
         try:
-            for scope, budget in _budgets(tenant):
+            for scope, budget in tenant.budget_scopes:
                 held = replace(await self._reserve(ctx, tenant, scope, budget, worst_usd, now), then=held)
         finally:
             ctx.reservation = held
@@ -202,12 +193,15 @@ class Spend:
     async def _reserve(self, ctx: RequestContext, tenant: TenantView, scope: str, budget: Budget,
                        worst_usd: float, now: float) -> Reservation:
         key = period_key(scope, budget, now)
-        amount, limit = math.ceil(worst_usd * NANO), int(budget.limit_usd * NANO)
+        limit = int(budget.limit_usd * NANO)
+        # Past the limit a request is refused whatever its size: held to limit + 1, the counters' sums stay
+        # within 64 bits for every amount the policy allows.
+        amount = math.ceil(worst_usd * NANO) if worst_usd * NANO <= limit else limit + 1
         rid = f"{_RID_PREFIX}{next(_rids):x}"
         try:
             result = await self.counters.reserve(key, rid, amount, limit, None)
             if result is None:
-                seed = await self._seed(tenant.name, budget, now, scope)
+                seed = await self._seed(tenant.name, budget, now, scope, lineage_of(tenant))
                 result = await self.counters.reserve(key, rid, amount, limit, seed)
         except Exception as exc:  # the shared counter is down or slow: let traffic through, say so
             log.error("budget counter unavailable (%s): %s is not enforced", exc, scope)
@@ -218,8 +212,10 @@ class Spend:
         if scope == tenant.name:
             self.metrics.child(self.metrics.budget_remaining, tenant.name).set((limit - spent - reserved) / NANO)
         if not granted and scope != tenant.name:
-            raise OverBudget(refusal(f"API key '{scope[1:]}' of tenant '{tenant.name}'", budget, spent, reserved,
-                                     worst_usd, now))
+            keys = lineage_of(tenant)
+            who = f"API key '{keys[-1]}'" + (f" (rotated from '{keys[0]}', whose spend it carries)"
+                                             if len(keys) > 1 else "")
+            raise OverBudget(refusal(f"{who} of tenant '{tenant.name}'", budget, spent, reserved, worst_usd, now))
         if not granted:
             raise OverBudget(refusal(f"Tenant '{tenant.name}'", budget, spent, reserved, worst_usd, now))
         return Reservation(key, rid, amount, budget, scope)
@@ -246,18 +242,20 @@ class Spend:
         if rows and rows[0]["requests"] and rows[0]["cost_usd"]:
             self.baselines.seed(tenant, rows[0]["cost_usd"] / rows[0]["requests"], int(rows[0]["requests"]))
 
-    async def _seed(self, tenant: str, budget: Budget, now: float, scope: str | None = None) -> int:
+    async def _seed(self, tenant: str, budget: Budget, now: float, scope: str | None = None,
+                    lineage: tuple[str, ...] = ()) -> int:
         """The period's spend so far, from the ledger (the truth when the counter is new or was lost): the
-        tenant's, or with a key's scope that key's records."""
+        tenant's, or with a key's scope the records of the key and those it was rotated from."""
         if self.ledger is None:
             return 0
         start = times.period_start(budget.period, now)
         if scope is None or scope == tenant:
             rows = await asyncio.to_thread(self.ledger.totals, start, OPEN_END, [], tenant)
         else:
+            ids = set(lineage or (scope[1:],))
             rows = [r for r in await asyncio.to_thread(self.ledger.totals, start, OPEN_END, ["key"], tenant)
-                    if r["key_id"] == scope[1:]]
-        return math.ceil((rows[0]["cost_usd"] if rows else 0.0) * NANO)
+                    if r["key_id"] in ids]
+        return math.ceil(sum(r["cost_usd"] or 0.0 for r in rows) * NANO)
 
     def settle(self, ctx: RequestContext, cost_usd: float) -> None:
         """Once per request, from accounting: swap the reservation for the actual cost (in the background)."""
@@ -271,10 +269,11 @@ class Spend:
             self.alerts.raise_alert("spend_rate", "alert", webhook, tenant=tenant.name,
                                     hour_usd=round(rate[0], 6), usual_hourly_usd=round(rate[1], 6))
         now = time.time()
-        parts = [(r.scope, r.budget, r.key, r.rid) for r in _held(ctx.reservation)]
+        parts: list[tuple[str, Budget, str, str | None]] = [(r.scope, r.budget, r.key, r.rid)
+                                                            for r in _held(ctx.reservation)]
         if cost_usd > 0:  # a budget it reserved nothing from (a priced cache hit, a store that was down) counts it
             held = {scope for scope, _, _, _ in parts}
-            parts += [(scope, budget, period_key(scope, budget, now), None) for scope, budget in _budgets(tenant)
+            parts += [(scope, budget, period_key(scope, budget, now), None) for scope, budget in tenant.budget_scopes
                       if scope not in held]
         actual = math.ceil(cost_usd * NANO)
         for scope, budget, key, rid in parts:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from types import TracebackType
 from typing import Protocol
 
 from gateway.fleet.observe import MAX_METRICS_BYTES, scrape, scrape_forever
@@ -43,23 +42,6 @@ class Scheduler(Protocol):
     def metrics_changed(self, pool: str) -> None: ...
 
 
-class Lease:
-    """``with pool.lease(worker):`` counts one request in flight on the worker for the block's lifetime."""
-
-    __slots__ = ("worker",)
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-
-    def __enter__(self) -> Worker:
-        self.worker.inflight += 1
-        return self.worker
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.worker.inflight -= 1
-
-
 # The scrapes' answers: a head of a worker's size, a body the readers cap themselves (gateway.fleet.observe), and no
 # deadline past the scrape's own timeout.
 READ_CONNECTIONS = 4  # per worker, for stored responses read back; more wait, then 503 upstream_busy
@@ -88,9 +70,8 @@ class UpstreamPool:
                              metrics.upstream_connections.labels(name).inc,
                              Caps(spec.max_answer_head_bytes, spec.max_answer_bytes, spec.answer_deadline_s))
         # /health and /metrics, over connections of their own (a busy pool's limit never delays a health check),
-        # with the requests' client: reading the workers is most of what an idle gateway does, and aiohttp's
-        # session, used here before, made an idle gateway with two workers cost 0.57-0.60% of a core against
-        # 0.47-0.53% now (bench_idle, alternated).
+        # with the requests' client: reading the workers is most of what an idle gateway does
+        # (why: docs/decisions/001-workers-http-client.md).
         # Stored responses read back (GET /v1/responses/{id}) over a few connections of their own: reads hold no
         # scheduler slot, so on the requests' connections 40 slow ones took a 16-connection pool from everyone.
         self.reads = Client(READ_CONNECTIONS, spec.keepalive_s, spec.connect_timeout_s, spec.read_timeout_s,
@@ -114,9 +95,6 @@ class UpstreamPool:
                 self._cache_epochs[worker.url] = worker.observed.cache_epoch
         self.publish()
         self._scheduler.metrics_changed(self.name)
-
-    def lease(self, worker: Worker) -> Lease:
-        return Lease(worker)
 
     def publish(self) -> None:
         """The pool's gauges, set when read (by /metrics and after each scrape), not on every request."""

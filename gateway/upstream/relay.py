@@ -23,13 +23,13 @@ import orjson
 
 from gateway import sse
 from gateway.context import RequestContext
-from gateway.errors import WorkerRejected
+from gateway.errors import UpstreamFailed, WorkerRejected
 from gateway.fleet.observe import cool_down
 from gateway.fleet.worker import Worker
 from gateway.openai_api import LARGE_BODY
 from gateway.sink import Sink
 from gateway.transport.http1 import Response
-from gateway.upstream.errors import COOLDOWN_STATUS, UpstreamFailed, worker_errors
+from gateway.upstream.errors import COOLDOWN_STATUS, TRANSPORT_ERRORS, worker_failure
 
 log = logging.getLogger("tollgate.upstream")
 
@@ -123,38 +123,44 @@ async def relay_stream(ctx: RequestContext, worker: Worker, response: Response, 
     tap = ctx.endpoint.tap(relayed, *usage)
     captured: list[bytes] | None = [] if capture else None
     room = CAPTURE_PER_ENTRY * ctx.snapshot.policy.cache.max_entry_bytes  # for the cache's copy, in SSE bytes
-    with worker_errors(worker, "head", cooldown_s):
+    try:
         chunk = await response.readany()
+    except TRANSPORT_ERRORS as exc:
+        raise worker_failure(worker, "head", cooldown_s, exc) from None
     if ctx.endpoint.homed:  # where the stream names its response (no copy for the other endpoints)
         relayed.head = chunk[:512]
-    ctx.timings.first_byte()
+    ttft = ctx.timings.first_byte()
     if first_token is not None:  # the engine's TTFT, without the gateway's queue wait: a capacity signal
-        first_token(worker.inflight, ctx.timings.ttft - (ctx.timings.queue_wait or 0.0))  # type: ignore[operator]
+        first_token(worker.inflight, ttft - (ctx.timings.queue_wait or 0.0))
     await sink.start(200, [*ctx.response_headers(), *_SSE_HEADERS,
                            (b"server-timing", ctx.server_timing())])
-    failure: UpstreamFailed | None = None
+    failure: Exception | None = None
     try:
-        with worker_errors(worker, "stream", cooldown_s):
-            while chunk:
+        while chunk:
+            if captured is not None:
+                room -= len(chunk)
+                captured = captured if room >= 0 else None  # past what the cache would store: no copy
                 if captured is not None:
-                    room -= len(chunk)
-                    captured = captured if room >= 0 else None  # past what the cache would store: no copy
-                    if captured is not None:
-                        captured.append(chunk)
+                    captured.append(chunk)
+            # whole events and nothing pending (vLLM's one event a write) pass as they are: the splitter's own
+            # first case, without a call a chunk
+            if not splitter.pending and chunk.endswith(b"\n\n") and b"\r" not in chunk:
+                out = chunk
+            else:
                 out = splitter.feed(chunk)
+            if out:
+                now = time.perf_counter()
+                if relayed.first_at is None:
+                    relayed.first_at = now
+                relayed.last_at = now  # vLLM writes the usage event together with the last token
+                out = tap(out)
                 if out:
-                    now = time.perf_counter()
-                    if relayed.first_at is None:
-                        relayed.first_at = now
-                    relayed.last_at = now  # vLLM writes the usage event together with the last token
-                    out = tap(out)
-                    if out:
-                        await sink.send(out if rename is None else rename(out), more=True)
-                chunk = await response.readany()
+                    await sink.send(out if rename is None else rename(out), more=True)
+            chunk = await response.readany()
         response.release()  # finished: the connection goes back to the pool
         relayed.answered = True
-    except UpstreamFailed as exc:
-        failure = exc
+    except TRANSPORT_ERRORS as exc:
+        failure = worker_failure(worker, "stream", cooldown_s, exc)
     pending = splitter.pending if rename is None else rename(splitter.pending)
     if failure is not None:
         if pending:
@@ -225,8 +231,10 @@ async def relay_body(ctx: RequestContext, worker: Worker, response: Response, si
     """Forward a whole answer (its model member rewritten by ``rename``; the cache's copy is the worker's). A
     worker's 4xx (a complaint about the request) becomes the gateway's own error with the worker's message; a
     5xx becomes the gateway's own 502, naming nothing internal."""
-    with worker_errors(worker, "head", cooldown_s):
+    try:
         body = await response.read()
+    except TRANSPORT_ERRORS as exc:
+        raise worker_failure(worker, "head", cooldown_s, exc) from None
     response.release()
     relayed.answered = True
     ctx.timings.first_byte()

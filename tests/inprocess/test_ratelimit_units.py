@@ -1,19 +1,23 @@
 """Settling a rate-limit charge: a request gives back the tokens it did not use, and one that never ran its
-request too, in the window it was charged to, in this process and in Redis alike."""
+request too, in the window it was charged to, in this process (and in Redis alike:
+tests/process/test_ratelimit_units.py runs the same rules there)."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import math
 import uuid
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.errors import RateLimited
+from gateway.outcomes import render
 from gateway.policy.loader import PolicySnapshot, TenantView
-from gateway.policy.schema import Policy, StatePolicy
+from gateway.policy.schema import Policy
 from gateway.ratelimit import RateLimiter
-from gateway.state import SharedState
-from tests.conftest import REDIS_URL
 
 MINUTE = 6000.0  # the start of a window
 
@@ -57,20 +61,6 @@ def test_settling_gives_back_what_was_not_used_in_this_process() -> None:
     asyncio.run(settle_rules(RateLimiter()))
 
 
-def test_settling_gives_back_what_was_not_used_in_redis() -> None:
-    async def main() -> None:
-        state = SharedState(StatePolicy(redis_url=REDIS_URL, namespace=f"test-{uuid.uuid4().hex[:8]}"))
-        try:
-            limiter = RateLimiter(state)
-            charge = await limiter.check(tenant(tpm=1000), 10, now=MINUTE)
-            assert charge is not None and charge.in_redis, "counted in Redis, so settled there"
-            limiter.settle(charge, 10, ran=True)
-            await settle_rules(limiter)
-        finally:
-            await state.close()
-    asyncio.run(main())
-
-
 def test_a_charge_from_a_window_gone_by_is_not_refunded_into_the_new_one() -> None:
     async def main() -> None:
         limiter, t = RateLimiter(), tenant(rpm=1)
@@ -86,14 +76,32 @@ def test_a_tenant_without_a_limit_is_neither_charged_nor_refused() -> None:
     assert asyncio.run(RateLimiter().check(tenant(), 10**9, now=MINUTE)) is None
 
 
-@pytest.mark.parametrize(("now", "wait"), [(MINUTE, 60), (MINUTE + 59.5, 1)])
-def test_retry_after_is_the_time_until_the_next_window(now: float, wait: int) -> None:
+@settings(max_examples=150, deadline=None)
+@given(limit=st.integers(1, 50), cost=st.integers(1, 60), at=st.floats(0, 59.99),
+       earlier=st.lists(st.floats(0, 1), max_size=60))
+def test_retry_after_is_the_first_moment_the_request_fits(limit: int, cost: int, at: float,
+                                                          earlier: list[float]) -> None:
+    """Requests counted over the last two windows, then one refused: retried at its Retry-After (exact, before
+    rounding up to a whole second) it fits; a second sooner it is refused again; one larger than the limit is
+    told so. (Positive control: the rule this replaced, "until the next window begins", fails here: at the
+    boundary the whole window just ended still counts.)"""
     async def main() -> None:
-        limiter, t = RateLimiter(), tenant(rpm=1)
-        await limiter.check(t, 1, now=now)
-        with pytest.raises(RateLimited) as caught:
-            await limiter.check(t, 1, now=now)
-        assert caught.value.retry_after_s == wait
+        t, limiter = tenant(tpm=limit), RateLimiter()
+        now = MINUTE + at
+        for share in sorted(earlier):  # from the previous window's start to now
+            await fills(limiter, t, 1, MINUTE - 60 + share * (60 + at))
+        try:
+            await limiter.check(t, cost, now=now)
+        except RateLimited as refused:
+            if cost > limit:
+                assert "alone counts more than the limit" in refused.message
+                return
+            wait = refused.retry_after_s
+            assert dict(render(refused)[1])[b"retry-after"] == str(max(1, math.ceil(wait))).encode()
+            assert int(dict(render(refused)[1])[b"x-ratelimit-remaining-tokens"]) < cost
+            if wait > 1:
+                assert not await fills(copy.deepcopy(limiter), t, cost, now + wait - 1), "fits a second sooner"
+            assert await fills(limiter, t, cost, now + wait + 1e-6), "refused again at its Retry-After"
     asyncio.run(main())
 
 
@@ -114,16 +122,6 @@ async def headroom_rules(limiter: RateLimiter) -> None:
 
 def test_the_answer_says_the_limits_headroom_as_openai_does_in_this_process() -> None:
     asyncio.run(headroom_rules(RateLimiter()))
-
-
-def test_the_answer_says_the_limits_headroom_as_openai_does_in_redis() -> None:
-    async def main() -> None:
-        state = SharedState(StatePolicy(redis_url=REDIS_URL, namespace=f"test-{uuid.uuid4().hex[:8]}"))
-        try:
-            await headroom_rules(RateLimiter(state))
-        finally:
-            await state.close()
-    asyncio.run(main())
 
 
 @pytest.mark.parametrize(("seconds", "text"), [(0.25, "250ms"), (1, "1s"), (59.2, "1m0s"), (360, "6m0s")])

@@ -78,7 +78,7 @@ methods = st.sampled_from(["POST"] * 6 + ["GET", "PUT", "DELETE"])
 
 @pytest.fixture(scope="module")
 def fuzz_target(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from loadtest import procs
+    from loadtest.harness import procs
 
     tmp = tmp_path_factory.mktemp("fuzz")
     sim = procs.start_sim(tmp, "--zero-delay")

@@ -374,3 +374,29 @@ def test_concurrent_follow_ups_of_a_long_conversation_cannot_overspend_the_budge
     assert set(statuses) <= {200, 429} and 200 in statuses and 429 in statuses, statuses
     assert all(a.json()["error"]["code"] == "insufficient_quota" for a in answers if a.status_code == 429)
     assert sum(r["status"] == 200 and r["endpoint"] == "responses" for r in rows) == statuses.count(200) + 1
+
+
+def test_an_answer_too_large_to_relay_never_reaches_the_engine(start_sim: Starter, start_gateway: Starter) -> None:
+    """Six requests of n: 128 with top_logprobs: 20 (786,432 tokens and tens of MB of JSON on the workers when this
+    was a 502 after the fact): each is a 400 answer_too_large through the official client, the engine's own
+    generation counter does not move, and each leaves a ledger record of no tokens. The same request with n: 2
+    is answered, and the ledger's completion tokens are the engine's."""
+    sim = start_sim()
+    gateway = start_gateway(policy_dict([sim.url]))
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=DEMO_KEY, max_retries=0)
+    generated = metric_value(sim.url, "vllm:generation_tokens_total")
+    asked: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "list everything"}],
+                             "max_tokens": 1024, "logprobs": True, "top_logprobs": 20}
+    for i in range(6):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(**asked, n=128, extra_headers={"x-request-id": f"bomb-{i}"})
+        error = refused.value.body
+        assert isinstance(error, dict) and error["code"] == "answer_too_large" and "n=128" in error["message"]
+    assert metric_value(sim.url, "vllm:generation_tokens_total") == generated
+    rows = [ledger_records(gateway.url, ADMIN_TOKEN, request_id=f"bomb-{i}")[0] for i in range(6)]
+    assert {(r["status"], r["worker"], r["completion_tokens"] or 0) for r in rows} == {(400, None, 0)}
+    answer = client.chat.completions.create(**{**asked, "max_tokens": 16}, n=2,
+                                            extra_headers={"x-request-id": "two"})
+    (row,) = ledger_records(gateway.url, ADMIN_TOKEN, request_id="two")
+    assert answer.usage is not None and row["completion_tokens"] == answer.usage.completion_tokens
+    assert metric_value(sim.url, "vllm:generation_tokens_total") - generated == answer.usage.completion_tokens

@@ -39,7 +39,8 @@ def test_requests_per_minute_over_a_sliding_window() -> None:
             await limiter.check(t, 10, now=start + 30)
         status, headers, _ = render(caught.value)
         assert status == 429 and caught.value.code == "rate_limit_exceeded"
-        assert dict(headers)[b"retry-after"] == b"30", "the next window begins in 30 s"
+        assert dict(headers)[b"retry-after"] == b"36", "6 s into the next window 9 of the 10 still count"
+        assert dict(headers)[b"x-ratelimit-remaining-requests"] == b"0"
         # 30 s into the next window half of the previous one still counts: 5 of 10 left
         for _ in range(5):
             await limiter.check(t, 10, now=start + 90)

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.batches.audit import CacheAuditor
+from gateway.batches.audit import UNRELATED, CacheAuditor, reframed, reworded
 from gateway.cache.audit import Verdict
 from gateway.policy.loader import PolicySnapshot, PolicyStore
 from gateway.policy.schema import Policy
@@ -26,6 +26,8 @@ PARAPHRASE = "How can I buy bitcoin on Coinbase?"
 RIGHT = "Open the Coinbase app, choose Buy, pick bitcoin, enter an amount and confirm the purchase."
 WRONG = "Paris is the capital of France, on the Seine, with about two million people."
 SELL = "How do I sell bitcoin on Coinbase?"
+OTHER = ("Water evaporates, condenses into clouds and falls as rain, snow or hail.",
+         "월요일에는 두부 샐러드, 화요일에는 채소 카레를 드세요.")  # the engine's answers to the audit's controls
 SOLD = "Selling is a payout: the dollars reach your linked bank account in one to three business days, minus a fee."
 
 
@@ -33,14 +35,15 @@ class Answers:
     """The worker's table: question -> (answer, seconds before answering)."""
 
     def __init__(self) -> None:
-        self.table: dict[str, tuple[str, float]] = {}
+        self.table: dict[str, tuple[str, float]] = {q: (a, 0.0) for q, a in zip(UNRELATED, OTHER, strict=True)}
         self.bodies: list[dict[str, Any]] = []
         self.called_off = asyncio.Event()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
         self.bodies.append(body)
-        text, delay = self.table[body["messages"][-1]["content"]]
+        asked = " ".join(body["messages"][-1]["content"].split()).removeprefix("Please, ")
+        text, delay = self.table[asked]  # whitespace and a courtesy change nothing
         try:
             await asyncio.sleep(delay)  # the engine's time (the worker's, not the test's synchronisation)
         except asyncio.CancelledError:
@@ -89,8 +92,11 @@ def test_a_planted_wrong_answer_is_found_by_the_audit_purged_and_counted_against
             answers.table[PARAPHRASE] = answers.table[ASKED] = (RIGHT, 0.0)
             verdict = await CacheAuditor(gw).audit(sample)
             assert verdict is Verdict.STALE, "the entry does not answer its own question either"
-            hit_ask, own_ask = answers.bodies[-2:]
-            assert [b["messages"][-1]["content"] for b in (hit_ask, own_ask)] == [PARAPHRASE, ASKED]
+            hit_ask = answers.bodies[-6]
+            assert hit_ask["messages"][-1]["content"] == PARAPHRASE, "the hit first"
+            assert sorted(b["messages"][-1]["content"] for b in answers.bodies[-5:]) == sorted(
+                [ASKED, reworded(ASKED), reframed(ASKED), *UNRELATED]), "then, together, its own question, two "\
+                "rewordings, the controls"
             assert hit_ask["temperature"] == 0 and "stream" not in hit_ask
             spec = gw.store.current.policy.cache
             (scope,) = gw.cache.audits.report(spec.audit, spec.threshold)
@@ -101,7 +107,7 @@ def test_a_planted_wrong_answer_is_found_by_the_audit_purged_and_counted_against
                 "the wrong entry is gone"
             ran = gw.metrics.registry.get_sample_value("tollgate_requests_total",
                                                        {"tier": "batch", "model": MODEL, "status": "200"})
-            assert ran == 2, "both re-asks ran as batch work"
+            assert ran == 6, "every re-ask ran as batch work (the hit, the own question, 2 rewordings, 2 controls)"
             assert gw.metrics.registry.get_sample_value(
                 "tollgate_cache_audits_total", {"tenant": "demo", "model": MODEL, "verdict": "stale"}) == 1
     asyncio.run(main())

@@ -1,6 +1,6 @@
-"""A key's own limits, enforced beside its tenant's by the real rate limiter (in this process and in Redis) and
-the real budget: the request must fit both, a refusal names the one it met, and what the other had granted is
-given back."""
+"""A key's own limits, enforced beside its tenant's by the real rate limiter (in this process; in Redis:
+tests/process/keys/test_model.py) and the real budget: the request must fit both, a refusal names the one it
+met, and what the other had granted is given back."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ from gateway.spend.alerts import Alerts
 from gateway.spend.counters import NANO, MemoryCounters
 from gateway.spend.service import Spend
 from gateway.state import SharedState
-from tests.conftest import REDIS_URL
 
 MINUTE = 6000.0
 MODEL = "m"
@@ -46,15 +45,16 @@ def record(kid: str, budget: Budget | None = None, rate_limit: RateLimit | None 
                      budget=budget, rate_limit=rate_limit, models=models, version=1)
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory"])  # tests/process/keys/test_model.py runs the limiter's tests on Redis too
 def limiter(request: pytest.FixtureRequest) -> Any:
     return request.param
 
 
 async def opened(kind: str) -> tuple[RateLimiter, SharedState | None]:
+    """A rate limiter of ``kind``: "memory", or a Redis's URL (under a namespace of its own)."""
     if kind == "memory":
         return RateLimiter(), None
-    state = SharedState(StatePolicy(redis_url=REDIS_URL, namespace=f"test-{os.urandom(4).hex()}"))
+    state = SharedState(StatePolicy(redis_url=kind, namespace=f"test-{os.urandom(4).hex()}"))
     return RateLimiter(state), state
 
 

@@ -1,6 +1,7 @@
 """Runtime keys through the service, as gateway.auth reads them: a key made by one process is honoured by another
 once it polls, a revocation refused there, a rotated key's old value works until its grace ends, an expiry
-stops a key, and a key narrows its tenant (never widens it). Real stores: SQLite in tmp_path, PostgreSQL."""
+stops a key, and a key narrows its tenant (never widens it). Real stores: SQLite in tmp_path (PostgreSQL:
+tests/process/keys/test_service.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from gateway.keys.service import KeyService, serving
 from gateway.keys.store import KeyStore, PostgresKeyStore, SqliteKeyStore
 from gateway.policy.loader import PolicySnapshot, PolicyStore
 from gateway.policy.schema import Policy
-from tests.inprocess.keys.test_store import drop_tables
 
 
 def policy(**demo: Any) -> dict[str, Any]:
@@ -37,14 +37,9 @@ def bearer(key: str) -> bytes:
     return b"Bearer " + key.encode()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite"])  # tests/process/keys/test_service.py runs these on PostgreSQL
 def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    if request.param == "postgres":
-        dsn = request.getfixturevalue("pg_dsn")
-        drop_tables(dsn)
-        yield lambda: PostgresKeyStore(dsn)
-    else:
-        yield lambda: SqliteKeyStore(tmp_path / "admin.sqlite3")
+    yield lambda: SqliteKeyStore(tmp_path / "admin.sqlite3")
 
 
 async def started(store: KeyStore, snap: PolicySnapshot) -> KeyService:
@@ -204,4 +199,33 @@ def test_an_unreachable_store_keeps_the_known_keys_and_answers_changes_with_503(
         with pytest.raises(Unavailable):
             await down.refresh()
         await down.close()
+    asyncio.run(main())
+
+
+def test_a_process_on_an_older_policy_never_revokes_a_new_tenants_keys(make_store: Any) -> None:
+    """A tenant added on one process, its key made there at once: a sibling still on the policy without the
+    tenant (its file watcher a second behind, or a replica started from an older file) revokes nothing. Only a
+    process that saw the tenant leave (a policy with it, then one without) revokes its keys, for good."""
+    async def main() -> None:
+        older = snapshot()
+        raw = policy()
+        raw["tenants"]["newco"] = {"tier": "standard"}
+        newer = PolicySnapshot.build(Policy.model_validate(raw), "test: newco added")
+        ahead, behind = await started(make_store(), newer), await started(make_store(), older)
+        try:
+            record, key = await ahead.create(newer, KeySpec(tenant="newco", name="first"), "admin:x", None)
+            await behind.refresh()
+            await ahead.refresh()
+            assert ahead.get(record.id).revoked_at is None, "the lagging process revoked a key it cannot judge"
+            assert identify(bearer(key), newer)[0].name == "newco"
+            behind.bind(newer)  # it catches up: still nothing to revoke
+            await behind.refresh()
+            assert behind.get(record.id).revoked_at is None
+            behind.bind(older)  # the tenant leaves, as this process sees it: the key dies
+            await behind.refresh()
+            await ahead.refresh()
+            assert ahead.get(record.id).revoked_by == "policy"
+        finally:
+            await ahead.close()
+            await behind.close()
     asyncio.run(main())

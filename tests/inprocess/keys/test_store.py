@@ -1,6 +1,6 @@
-"""The key and audit tables, in SQLite and PostgreSQL: changes numbered in commit order, so a reader that asks
-for what came after the last number it holds never misses a row, even while writers race; a refused change
-writes nothing; the audit log reads newest first within its range."""
+"""The key and audit tables, in SQLite (PostgreSQL: tests/process/keys/test_store.py): changes numbered in
+commit order, so a reader that asks for what came after the last number it holds never misses a row, even while
+writers race; a refused change writes nothing; the audit log reads newest first within its range."""
 
 from __future__ import annotations
 
@@ -9,37 +9,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from gateway.errors import Conflict
 from gateway.keys.service import audit_entry
-from gateway.keys.store import Change, KeyStore, PostgresKeyStore, SqliteKeyStore
-
-TABLES = ("api_keys", "api_key_version", "admin_audit")
+from gateway.keys.store import Change, KeyStore, SqliteKeyStore
 
 
-def drop_tables(dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as db:
-        for table in TABLES:
-            db.execute(f"DROP TABLE IF EXISTS {table}")
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite"])  # tests/process/keys/test_store.py runs these on PostgreSQL
 def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """A factory of stores on one database (each a process's own connection)."""
     made: list[KeyStore] = []
-    if request.param == "postgres":
-        dsn = request.getfixturevalue("pg_dsn")
-        drop_tables(dsn)
 
-        def make() -> KeyStore:
-            made.append(PostgresKeyStore(dsn))
-            return made[-1]
-    else:
-        def make() -> KeyStore:
-            made.append(SqliteKeyStore(tmp_path / "admin.sqlite3"))
-            return made[-1]
+    def make() -> KeyStore:
+        made.append(SqliteKeyStore(tmp_path / "admin.sqlite3"))
+        return made[-1]
     yield make
     for store in made:
         store._disconnect()
@@ -104,19 +88,27 @@ def test_racing_writers_never_hide_a_row_from_a_poller(make_store: Any) -> None:
     done = threading.Event()
     seen: list[tuple[str, int]] = []
 
+    failures: list[BaseException] = []
+
     def write(store: KeyStore, name: str) -> None:
-        for i in range(40):
-            store.add(row(f"{name}{i}"), entry(float(i), "key.create", f"{name}{i}"))
+        try:
+            for i in range(40):
+                store.add(row(f"{name}{i}"), entry(float(i), "key.create", f"{name}{i}"))
+        except BaseException as e:  # a thread's error is this test's failure
+            failures.append(e)
 
     def poll() -> None:
         version = 0
-        while True:
-            finished = done.is_set()
-            for r in reader.changed_since(version):
-                seen.append((r["id"], r["version"]))
-                version = max(version, r["version"])
-            if finished:
-                return
+        try:
+            while True:
+                finished = done.is_set()
+                for r in reader.changed_since(version):
+                    seen.append((r["id"], r["version"]))
+                    version = max(version, r["version"])
+                if finished:
+                    return
+        except BaseException as e:
+            failures.append(e)
     threads = [threading.Thread(target=write, args=(w, n)) for w, n in zip(writers, "xy", strict=True)]
     poller = threading.Thread(target=poll)
     poller.start()
@@ -126,6 +118,7 @@ def test_racing_writers_never_hide_a_row_from_a_poller(make_store: Any) -> None:
         t.join()
     done.set()
     poller.join()
+    assert not failures, failures
     assert sorted(k for k, _ in seen) == sorted(f"{n}{i}" for n in "xy" for i in range(40))
     assert [v for _, v in seen] == list(range(1, 81)), "numbers in commit order, none skipped"
 

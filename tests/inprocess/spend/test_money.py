@@ -21,7 +21,8 @@ from gateway.auth import bearer, hash_key, identify, token_matches
 from gateway.context import RequestContext
 from gateway.endpoints import CHAT, COMPLETIONS, Endpoint
 from gateway.errors import InvalidRequest, NotAuthenticated, OverBudget
-from gateway.http.reports import parse_groups, parse_time, sum_rows, with_rates
+from gateway.finance.reports import sum_rows, with_rates
+from gateway.http.reports import parse_groups, parse_time
 from gateway.ledger import prices as pricing
 from gateway.ledger import times
 from gateway.ledger.records import complete, draft, price
@@ -285,22 +286,22 @@ def test_a_reservation_bounds_concurrent_requests_and_settlement_swaps_it_for_th
     asyncio.run(main())
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory"])  # tests/process/spend/test_money.py runs the counters' tests on Redis too
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
 @contextlib.asynccontextmanager
 async def opened(kind: str) -> AsyncIterator[Any]:
-    """Budget counters of ``kind``, in this event loop (Redis under a namespace of their own)."""
+    """Budget counters of ``kind`` ("memory", or a Redis's URL: under a namespace of their own), in this event
+    loop."""
     if kind == "memory":
         yield MemoryCounters()
         return
     from gateway.policy.schema import StatePolicy
     from gateway.spend.counters import RedisCounters
     from gateway.state import SharedState
-    from tests.conftest import REDIS_URL
-    state = SharedState(StatePolicy(redis_url=REDIS_URL, namespace=f"test-{os.urandom(4).hex()}"))
+    state = SharedState(StatePolicy(redis_url=kind, namespace=f"test-{os.urandom(4).hex()}"))
     try:
         yield RedisCounters(state)
     finally:
@@ -348,25 +349,6 @@ def test_what_settles_is_what_the_counter_holds_not_what_the_caller_believes(kin
             assert await counters.reserve("t:d", "c", 20, 1000, 100) == (True, 100, 20), "reseeded from the ledger"
             assert await counters.settle("t:d", "a", 5) == (105, 0), "a's hold is released from the new count, floored"
             assert await counters.settle("t:d", "c", 5) == (110, 0)
-    asyncio.run(main())
-
-
-def test_a_reservation_nobody_settles_lapses(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A process killed with requests in flight leaves their reservations; they are released after HOLD_S."""
-    from gateway.policy.schema import StatePolicy
-    from gateway.spend import counters as module
-    from gateway.state import SharedState
-    from tests.conftest import REDIS_URL
-
-    async def main() -> None:
-        state = SharedState(StatePolicy(redis_url=REDIS_URL, namespace=f"test-{os.urandom(4).hex()}"))
-        redis_counters = module.RedisCounters(state)
-        monkeypatch.setattr(module, "HOLD_S", -1.0)  # already past its hold
-        assert await redis_counters.reserve("t:d", "dead", 900, 1000, 0) == (True, 0, 900)
-        monkeypatch.setattr(module, "HOLD_S", 3600.0)
-        assert await redis_counters.reserve("t:d", "live", 900, 1000, None) == (True, 0, 900), "the dead one lapsed"
-        assert await redis_counters.reserve("t:d", "more", 200, 1000, None) == (False, 0, 900), "the live one holds"
-        await state.close()
     asyncio.run(main())
 
 

@@ -1,5 +1,6 @@
 """The one map from transport failures to the gateway's errors: a worker that failed is cooled down and the
-request ends in an UpstreamFailed that names no internals; the gateway's own connection limit blames no worker."""
+request ends in an UpstreamFailed that names no internals; the gateway's own connection limit blames no worker, nor
+does an answer over its cap (what the request asked for)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ import time
 
 import pytest
 
-from gateway.errors import Unavailable, UpstreamFailed
+from gateway.errors import AnswerTooLarge, Unavailable, UpstreamFailed
 from gateway.fleet.worker import Learned, Observed, Worker
 from gateway.outcomes import render
-from gateway.transport.http1 import ConnectFailed, Disconnected, PoolBusy
-from gateway.upstream.errors import worker_errors
+from gateway.transport.http1 import BodyTooLarge, ConnectFailed, Disconnected, PoolBusy, StateError
+from gateway.upstream.errors import TRANSPORT_ERRORS, worker_failure
 
 URL = "http://10.0.0.7:8000"
 
@@ -21,8 +22,13 @@ def worker() -> Worker:
 
 
 def failing(exc: BaseException, phase: str, w: Worker) -> BaseException:
-    with pytest.raises(BaseException) as caught, worker_errors(w, phase, cooldown_s=5.0):
-        raise exc
+    """What a step raises when ``exc`` comes out of the transport during ``phase`` (as the relay and dispatch
+    write it)."""
+    with pytest.raises(BaseException) as caught:
+        try:
+            raise exc
+        except TRANSPORT_ERRORS as failure:
+            raise worker_failure(w, phase, 5.0, failure) from None
     return caught.value
 
 
@@ -51,10 +57,21 @@ def test_the_gateways_own_connection_limit_blames_no_worker() -> None:
     assert w.observed.healthy and w.observed.last_error is None
 
 
+def test_an_answer_over_its_cap_blames_no_worker() -> None:
+    w = worker()
+    raised = failing(BodyTooLarge("the answer's body is over 65536 bytes"), "head", w)
+    assert isinstance(raised, AnswerTooLarge) and raised.code == "answer_too_large"
+    assert w.observed.healthy and w.observed.last_error is None
+
+
+def test_the_gateways_own_state_bug_fails_the_request_and_blames_no_worker() -> None:
+    w = worker()
+    raised = failing(StateError("BODY -> IDLE is not a transition RFC 9112 allows"), "stream", w)
+    assert isinstance(raised, UpstreamFailed) and raised.code == "upstream_stream_broken"
+    assert w.observed.healthy and w.observed.last_error is None
+
+
 def test_anything_else_passes_through_untouched() -> None:
     w = worker()
     bug = KeyError("a bug is not the worker's failure")
     assert failing(bug, "head", w) is bug and w.observed.healthy
-    with worker_errors(w, "head", 5.0):
-        pass
-    assert w.observed.healthy

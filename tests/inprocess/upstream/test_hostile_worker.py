@@ -13,7 +13,7 @@ from gateway.fleet.worker import Worker
 from gateway.runtime import Gateway
 from gateway.transport.http1 import Client
 from gateway.upstream.pools import SCRAPE_CAPS
-from loadtest.hostile_worker import HostileWorker
+from loadtest.harness.hostile_worker import HostileWorker
 from tests.fakes import MODEL, call, inflight, running_gateway
 
 
@@ -63,23 +63,25 @@ async def readmitted(gw: Gateway) -> None:
 
 
 def test_each_broken_answer_is_a_502_that_frees_its_slot_and_spares_the_next_request() -> None:
-    """A head that never ends, a body past its cap (streamed or not), an answer that trickles past its deadline,
-    bytes that are not HTTP: the client gets a 502 naming nothing internal, the in-flight count is back to 0, and
-    the next request, another tenant's, is answered by the same worker (after its cooldown) with its own answer."""
+    """A head that never ends, a body past its cap (streamed or not: answer_too_large), an answer that trickles past
+    its deadline, bytes that are not HTTP: the client gets a 502 naming nothing internal, the in-flight count is
+    back to 0, and the next request, another tenant's, is answered by the same worker (after its cooldown) with its
+    own answer."""
     caps = {"max_answer_head_bytes": 16384, "max_answer_bytes": 1 << 20, "answer_deadline_s": 0.3,
             "read_timeout_s": 5.0, "cooldown_s": 0.0}
 
     async def main() -> None:
         async with HostileWorker() as worker, running_gateway([worker.url], **caps) as gw:
-            for mode in ("endless_header", "huge_body", "trickle", "garbage"):
+            for mode, code in (("endless_header", "upstream_broken"), ("huge_body", "answer_too_large"),
+                               ("trickle", "upstream_broken"), ("garbage", "upstream_broken")):
                 ctx, sink = await call(gw, asking(mode, "a"), tenant="demo")
-                assert (sink.status, ctx.error) == (502, "upstream_broken"), (mode, sink.status, sink.body)
+                assert (sink.status, ctx.error) == (502, code), (mode, sink.status, sink.body)
                 assert b"127.0.0.1" not in sink.body and inflight(gw) == 0, mode
                 await readmitted(gw)
                 ctx, sink = await call(gw, asking("ok", "next"), tenant="prem")
                 assert sink.status == 200 and content(sink.body) == "answer for next", mode
             ctx, sink = await call(gw, {**asking("huge_stream", "s"), "stream": True}, tenant="demo")
-            assert sink.status == 200 and b"upstream_stream_broken" in sink.body and sink.body.endswith(
+            assert sink.status == 200 and b"answer_too_large" in sink.body and sink.body.endswith(
                 b"data: [DONE]\n\n"), sink.body[-300:]
             assert len(sink.body) < 2 << 20, "cut at its cap"
             assert inflight(gw) == 0

@@ -1,0 +1,1 @@
+"""Keys on this machine's Redis and PostgreSQL (the in-process part: tests/inprocess/keys)."""
