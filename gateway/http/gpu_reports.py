@@ -1,10 +1,12 @@
 """GET /admin/reports/gpu: what the GPUs cost, per tenant (or model, tier, class, worker, tag, key), with each
-worker's idle cost as its own row, its hours, and the cheapest configuration that would have met the SLO.
+worker's idle cost as its own row, its hours, and the cheapest configuration that would have met the SLO. With
+``tenant=``, that tenant's GPU cost alone (its rows; nothing of the fleet's idle hours or other tenants).
 
 ``from`` and ``to`` as the cost report takes them; a GPU bills whether used or not, so the period is always
 closed: ``from`` defaults to the start of this UTC month and ``to`` to now. The arithmetic is
-gateway.ledger.gpu's, on a thread, over the ledger's records and the workers' presence spans in the shared
-store, so every replica answers the same report.
+gateway.finance.gpu's and the body gateway.finance.gpu_costs.document's, on the report thread
+(gateway.finance.heavy: one build at a time, off the event loop), over the ledger's records and the workers'
+presence spans in the shared store, so every replica answers the same report.
 """
 
 from __future__ import annotations
@@ -17,24 +19,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import InvalidRequest
+from gateway.finance import gpu, heavy
+from gateway.finance import gpu_costs as gpu_costs_
 from gateway.http.guards import gateway_of, require_reader
-from gateway.http.reports import (
-    csv_response,
-    download_name,
-    ledger_store,
-    parse_format,
-    parse_tenant,
-    query,
-    time_range,
-)
-from gateway.http.responses import json_response
-from gateway.ledger import gpu
+from gateway.http.reports import attachment, download_name, ledger_store, parse_format, parse_tenant, time_range
+from gateway.http.responses import NOSNIFF, spooled
 from gateway.ledger.stores import OPEN_END, OPEN_START
 from gateway.ledger.times import at
-from gateway.ops import gpu_costs as gpu_costs_
-
-COLUMNS = ("requests", "successful_requests", "prompt_tokens", "completion_tokens", "gpu_seconds", "gpu_cost_usd",
-           "gpu_cost_per_1k_requests", "gpu_cost_per_1m_output_tokens", "list_cost_usd")
 
 
 def gpu_range(request: Request, now: float) -> tuple[float, float]:
@@ -61,6 +52,8 @@ def parse_groups(text: str) -> list[str]:
 
 
 async def gpu_costs(request: Request) -> Response:
+    """The report, read, swept and written on the report thread alone (gateway.finance.heavy: a second build
+    meanwhile is a 503 with Retry-After)."""
     await require_reader(request)
     start, end = gpu_range(request, time.time())
     group_by = parse_groups(request.query_params.get("group_by", "tenant"))
@@ -69,17 +62,14 @@ async def gpu_costs(request: Request) -> Response:
     store = ledger_store(request)
     tenant = await parse_tenant(request, store)
     live = gw.presence.live(time.time()) if gw.presence is not None else []
-    out = await query(gpu_costs_.gather, store, gw.store.current.policy, start, end, group_by, live)
-    if group_by == ["tenant"]:  # every tenant of the policy, with zeros for those that ran nothing
-        named = {r["tenant"] for r in out["data"]}
-        out["data"] += [gpu_costs_.zero_row(name) for name in sorted(gw.store.current.tenants) if name not in named]
-    if tenant is not None:  # one tenant's rows; the workers' idle rows stay (the GPUs' hours are everyone's)
-        out["data"] = [r for r in out["data"] if r["kind"] == "idle" or r.get("tenant") == tenant]
+    names = sorted(gw.store.current.tenants) if group_by == ["tenant"] else []
+    body = await heavy.build(f"gpu by {','.join(group_by)} {fmt}", gpu_costs_.document, store,
+                             gw.store.current.policy, start, end, group_by, live, names, tenant, fmt)
     if fmt == "csv":
         name = download_name("gpu", at(start), at(end), month=request.query_params.get("month"), tenant=tenant,
                              group_by=group_by)
-        return csv_response(["kind", *dict.fromkeys([*group_by, "worker"]), *COLUMNS], out["data"], name)
-    return json_response({"object": "gpu_cost_report", "from": at(start), "to": at(end), **out})
+        return spooled(body, "text/csv; charset=utf-8", {"content-disposition": attachment(name), **NOSNIFF})
+    return spooled(body, "application/json")
 
 
 ROUTES = [Route("/admin/reports/gpu", gpu_costs, methods=["GET"])]

@@ -2,7 +2,11 @@
 
 The report routes take the finance token (server.finance_token_sha256: reads reports and nothing else) or the
 admin token; a tenant's key gets 403 there, and reads its own totals at /v1/usage. Queries run on threads
-(the store's calls block).
+(the store's calls block). The cost report is a build (gateway.finance.heavy): read and written on the report
+thread, one at a time in a process (a second one meanwhile is a 503 ``reports_busy`` with Retry-After), every row
+of it from one cursor a chunk at a time, never held whole (gateway.finance.reports.costs). The ledger export
+streams page by page, each page read and formatted on a thread (gateway.finance.reports.ledger_page); it is no
+build (its memory is a page's). Here: the routes, their parameters, and the downloads' names.
 
 Parameters, each refused with a 400 naming it when it is wrong (never silently replaced):
 ``from`` and ``to`` take ISO dates or times (UTC when no offset is given; a date as ``to`` includes that whole
@@ -12,41 +16,34 @@ left the policy is still reportable; a name known to neither is a typo, not an e
 records whose tags hold that exact ``key=value`` pair. Grouped by ``tenant`` alone, the costs report lists every
 tenant of the policy, with zeros for those without records.
 
-CSV has ISO times and plain numbers (money as plain decimals, never exponent notation; an absent value is an
-empty cell), so it loads in pandas as typed; each download is named for its period, filters and grouping.
+CSV has ISO times and plain numbers (gateway.finance.reports.cell); each download is named for its period,
+filters and grouping.
 """
 
 from __future__ import annotations
 
 import asyncio
-import csv
-import io
 import logging
 import re
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from datetime import UTC, date, datetime, timedelta
-from decimal import Decimal
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.errors import Conflict, InvalidRequest, Unavailable
+from gateway.finance import heavy
+from gateway.finance.reports import costs as cost_report
+from gateway.finance.reports import ledger_page, parse_month, shown_range, sum_rows, with_rates
 from gateway.http.guards import gateway_of, require_reader, tenant_of
-from gateway.http.responses import NOSNIFF, json_response
-from gateway.ledger.prices import plain
-from gateway.ledger.stores import COLUMNS, GROUPS, OPEN_END, OPEN_START, LedgerStore
+from gateway.http.responses import NOSNIFF, json_response, spooled
+from gateway.ledger.stores import GROUPS, OPEN_END, OPEN_START, LedgerStore
 from gateway.ledger.times import sortable
 
 log = logging.getLogger("tollgate.reports")
-TOTALS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd", "cache_hits",
-          "cache_saved_tokens", "errors")
-MONTH = re.compile(r"([0-9]{4})-([0-9]{2})")
-FIRST_YEAR, LAST_YEAR = 1970, 9998  # a month's end and the month before it stay inside the calendar
 UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-PAGE = 2000  # ledger records per store query while streaming
 
 
 def ledger_store(request: Request) -> LedgerStore:
@@ -57,6 +54,9 @@ def ledger_store(request: Request) -> LedgerStore:
 
 
 async def costs(request: Request) -> Response:
+    """The cost report, built on the report thread alone (gateway.finance.heavy: a second build meanwhile is a 503
+    with Retry-After) from one cursor over the store's sums, a chunk at a time, into a spool: a grouping with a
+    row per end user (``tag``, ``key``) is never held whole, and every row is in the answer."""
     await require_reader(request)
     store = ledger_store(request)
     start, end = time_range(request)
@@ -64,33 +64,33 @@ async def costs(request: Request) -> Response:
     fmt = parse_format(request)
     tag = parse_tag(request)
     tenant = await parse_tenant(request, store)
-    rows = await query(store.totals, start, end, group_by, tenant, tag=tag)
-    if group_by == ["tenant"]:
-        rows = every_tenant(rows, [tenant] if tenant else gateway_of(request).store.current.tenants)
-    rows = [with_rates(row) for row in rows]
+    names = ([tenant] if tenant else list(gateway_of(request).store.current.tenants)) if group_by == ["tenant"] \
+        else None
+    body = await heavy.build(f"costs by {','.join(group_by) or 'nothing'} {fmt}", cost_report, store, start, end,
+                             group_by, tenant, tag, names, fmt)
     if fmt == "csv":
-        keys = ["key_id" if g == "key" else g for g in group_by]
         name = download_name("costs", start, end, month=request.query_params.get("month"), tenant=tenant, tag=tag,
                              group_by=group_by)
-        return csv_response([*keys, *TOTALS, "cost_per_1k_requests_usd", "tokens_per_request"], rows, name)
-    return json_response({"object": "cost_report", **shown_range(start, end), "group_by": group_by,
-                          "data": rows, "total": with_rates(sum_rows(rows))})
+        return spooled(body, "text/csv; charset=utf-8", {"content-disposition": attachment(name), **NOSNIFF})
+    return spooled(body, "application/json")
 
 
 async def ledger(request: Request) -> Response:
+    """Every record in the range, streamed: each page read and formatted on a thread (a page's CSV is no work
+    for the event loop), the first before the answer starts (a store that is down is a 503, not a cut file)."""
     await require_reader(request)
     store = ledger_store(request)
     start, end = time_range(request)
     fmt = parse_format(request)
     tag = parse_tag(request)
     tenant = await parse_tenant(request, store)
-    first = await query(store.records, start, end, tenant, None, PAGE, tag)  # a store that is down: 503, not cut
-    pages = _pages(store, start, end, tenant, tag, first)
+    first = await query(ledger_page, store, start, end, tenant, tag, None, fmt)
+    pages = _ledger_pages(store, start, end, tenant, tag, fmt, first)
     if fmt == "csv":
         name = download_name("ledger", start, end, month=request.query_params.get("month"), tenant=tenant, tag=tag)
-        return StreamingResponse(_csv_stream(list(COLUMNS), pages), media_type="text/csv; charset=utf-8",
+        return StreamingResponse(pages, media_type="text/csv; charset=utf-8",
                                  headers={"content-disposition": attachment(name), **NOSNIFF})
-    return StreamingResponse(_json_stream(pages), media_type="application/json", headers=NOSNIFF)
+    return StreamingResponse(pages, media_type="application/json", headers=NOSNIFF)
 
 
 async def usage(request: Request) -> Response:
@@ -137,22 +137,6 @@ def parse_time(text: str, end: bool) -> str:
         raise InvalidRequest(f"'{text[:40]}' is not an ISO date or time (as 2026-11-30 or 2026-11-30T08:00:00Z).",
                              "invalid_time", param="to" if end else "from") from None
     return sortable(moment)
-
-
-def parse_month(text: str) -> tuple[datetime, datetime]:
-    """``YYYY-MM`` as the month's [first moment, the next month's first moment) in UTC."""
-    match = MONTH.fullmatch(text)
-    year, month = (int(match[1]), int(match[2])) if match else (0, 0)
-    if not (FIRST_YEAR <= year <= LAST_YEAR and 1 <= month <= 12):
-        raise InvalidRequest(f"month takes a calendar month as YYYY-MM ({FIRST_YEAR}-01 to {LAST_YEAR}-12), "
-                             f"not '{text[:40]}'.", "invalid_month", param="month")
-    first = datetime(year, month, 1, tzinfo=UTC)
-    return first, datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
-
-
-def shown_range(start: str, end: str) -> dict[str, str | None]:
-    """The range as a report states it: null for an open end."""
-    return {"from": None if start == OPEN_START else start, "to": None if end == OPEN_END else end}
 
 
 def time_range(request: Request) -> tuple[str, str]:
@@ -219,45 +203,6 @@ def unknown_tenant(name: str, tenants: Iterable[str]) -> str:
             "holds records of.")
 
 
-def every_tenant(rows: list[dict[str, Any]], names: Iterable[str]) -> list[dict[str, Any]]:
-    """Rows by tenant, then a zero row for each named tenant that has none (in name order): the tenants with
-    records keep the store's order ahead of them."""
-    seen = {row["tenant"] for row in rows}
-    return [*rows, *({"tenant": name, **dict.fromkeys(TOTALS, 0)} for name in sorted(names) if name not in seen)]
-
-
-def sum_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return {k: sum(r[k] or 0 for r in rows) for k in TOTALS}
-
-
-def with_rates(row: dict[str, Any]) -> dict[str, Any]:
-    requests = row["requests"] or 0
-    row["cost_usd"] = round(row["cost_usd"] or 0.0, 9)
-    row["cost_per_1k_requests_usd"] = round(row["cost_usd"] * 1000 / requests, 9) if requests else 0.0
-    row["tokens_per_request"] = round(((row["prompt_tokens"] or 0) + (row["completion_tokens"] or 0)) / requests,
-                                      2) if requests else 0.0
-    return row
-
-
-
-
-FORMULA = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet may read as the start of a formula
-
-
-def cell(value: Any) -> Any:
-    """A CSV cell: plain decimals, lowercase booleans, nothing for an absent value, and text a spreadsheet reads
-    as text (a leading ' before what it would take for a formula: a tenant named "=HYPERLINK(...)")."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float | Decimal):
-        return plain(value)
-    if isinstance(value, str) and value.startswith(FORMULA):
-        return "'" + value
-    return value
-
-
 def period_label(start: str, end: str) -> str:
     """A range's first and last day for a file name (``all`` for each open end, or for a wholly open range)."""
     if start == OPEN_START and end == OPEN_END:
@@ -287,42 +232,15 @@ def attachment(filename: str) -> str:
     return f'attachment; filename="{UNSAFE.sub("_", filename)}"'
 
 
-def csv_response(columns: list[str], rows: list[dict[str, Any]], filename: str) -> Response:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, columns, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows({k: cell(v) for k, v in row.items()} for row in rows)
-    return Response(out.getvalue(), media_type="text/csv; charset=utf-8",
-                    headers={"content-disposition": attachment(filename), **NOSNIFF})
-
-
-async def _pages(store: LedgerStore, start: str, end: str, tenant: str | None, tag: str | None,
-                 rows: list[dict[str, Any]]) -> AsyncIterator[list[dict[str, Any]]]:
-    """Every record in the range from the first page on, page by page on threads (keyset on time and id:
-    nothing skipped, nothing twice)."""
-    while rows:
-        yield rows
-        rows = await asyncio.to_thread(store.records, start, end, tenant, (rows[-1]["time"], rows[-1]["id"]),
-                                       PAGE, tag)
-
-
-async def _csv_stream(columns: list[str], pages: AsyncIterator[list[dict[str, Any]]]) -> AsyncIterator[bytes]:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, columns, lineterminator="\n")
-    writer.writeheader()
-    yield out.getvalue().encode()
-    async for page in pages:
-        out.seek(0)
-        out.truncate()
-        writer.writerows({k: cell(v) for k, v in row.items()} for row in page)
-        yield out.getvalue().encode()
-
-
-async def _json_stream(pages: AsyncIterator[list[dict[str, Any]]]) -> AsyncIterator[bytes]:
-    yield b'{"object":"list","data":['
-    first = True
-    async for page in pages:
-        body = b",".join(orjson.dumps(row) for row in page)
-        yield body if first else b"," + body
-        first = False
-    yield b"]}"
+async def _ledger_pages(store: LedgerStore, start: str, end: str, tenant: str | None, tag: str | None, fmt: str,
+                        first: tuple[bytes, tuple[str, str] | None]) -> AsyncIterator[bytes]:
+    """The export from its first page on, a page at a time on threads (keyset on time and id: nothing skipped,
+    nothing twice)."""
+    body, after = first
+    yield body
+    while after is not None:
+        body, after = await asyncio.to_thread(ledger_page, store, start, end, tenant, tag, after, fmt)
+        if body:
+            yield body
+    if fmt != "csv":
+        yield b"]}"

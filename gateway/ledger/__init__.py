@@ -1,4 +1,10 @@
-"""The cost ledger: one record per request, priced, written off the event loop to SQLite or PostgreSQL."""
+"""The cost ledger: one record per request, priced, written off the event loop to SQLite or PostgreSQL; the
+workers' presence spans, the closed months' table and the statement's arithmetic over it (closes, centres). What
+finance reads built from it (reports, statements, the GPU cost and sizing) is gateway.finance, which imports the
+ledger; the ledger imports nothing of it.
+
+Why: docs/decisions/006-ledger-writer-and-spool.md (the writer, stores, spool and closes),
+005-gpu-cost-attribution.md (the GPU report), 009-finance-reads-off-the-loop.md (statements and reports)."""
 
 from __future__ import annotations
 

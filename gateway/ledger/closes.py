@@ -2,7 +2,7 @@
 
 A month's **statement** is, per tenant, its lines by model and by cost centre (the ledger's ``tags``): requests,
 input/output/cached tokens, list-price spend, and the GPU cost the GPU report shares out of the workers' hours
-(gateway.ledger.gpu); the month's idle GPU cost per worker apart (never spread over tenants); the reconciliation
+(gateway.finance.gpu); the month's idle GPU cost per worker apart (never spread over tenants); the reconciliation
 (the tenants' GPU cost plus idle is the workers' hours at their rate); and its **adjustments**.
 
 **Closing** a month stores its statement as it stands, every line, as a JSON snapshot in ``ledger_closes`` (in
@@ -11,7 +11,14 @@ statement of that month is its snapshot, whatever reaches the ledger later (a sp
 line finishing late, a replica's clock behind). Months close in order: after the first close, only the month
 after the latest closed one may close (each close names the one before it, and the table holds each previous
 month once, so two closes racing on any replicas leave one chain: the loser is told so and may retry). Months
-before the first close stay open: their statements are read live.
+before the first close stay open: their statements are read live. The first close names a month the ledger holds
+something of (a record, or a worker's span: ``holds``), never one before the ledger began: a first close of
+1970-01 would leave every real month out of order for good.
+
+**Reopening** a mistaken close removes the latest closed month's snapshot (``reopen``): its statement is read live
+again, and it may close again. Only the latest closes reopen: a month with a later month closed after it stays
+closed (the later snapshot took its adjustments against it). A close racing a reopen of the month before it is
+withdrawn (``close`` answers None), so the chain never names a previous month that is not closed.
 
 **Adjustments**: a record that reaches a closed month after its close is carried by the first open month after
 the latest close, as a line "adjustment for 2026-11" per tenant and model: what the ledger holds now for each
@@ -27,7 +34,7 @@ from another; whatever commits after that statement is not in the snapshot, so t
 as an adjustment. A close does not hold the ledger's writers back: nothing waits, nothing is lost.
 
 Everything here blocks (store calls): run it on a thread. The GPU figures come from a callable (the edge passes
-gateway.ops.gpu_costs.gather bound to its store, policy and live presence), so the ledger imports nothing above
+gateway.finance.gpu_costs.gather bound to its store, policy and live presence), so the ledger imports nothing above
 it.
 """
 
@@ -42,7 +49,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import Conflict
-from gateway.ledger.stores import LedgerStore
+from gateway.ledger.stores import OPEN_END, OPEN_START, LedgerStore, _Sql
 from gateway.ledger.times import at, sortable
 
 VERSION = 1  # the snapshot's shape
@@ -51,7 +58,7 @@ USAGE = (*COUNTS, "cost_usd")
 LINE = (*USAGE, "gpu_cost_usd")
 SUMMARY = (*LINE, "adjustments_usd", "billable_usd")
 WORKER = ("usd_per_hour", "configured_hours", "busy_hours", "idle_hours", "cost_usd", "idle_cost_usd")
-# (start, end, group_by) -> the GPU report (gateway.ops.gpu_costs.gather's answer)
+# (start, end, group_by) -> the GPU report (gateway.finance.gpu_costs.gather's answer)
 GpuReport = Callable[[float, float, list[str]], dict[str, Any]]
 
 
@@ -100,6 +107,58 @@ def check(closes: Sequence[Close], month: str) -> None:
                        "close_out_of_order")
 
 
+def holds(store: LedgerStore, month: str) -> bool:
+    """Does the ledger hold anything from before ``month`` ended: a record, or a worker's span (a month of idle
+    GPUs is a month of the ledger too)? A first close may name only such a month."""
+    end = sortable(bounds(month)[1])
+    return bool(store.records(OPEN_START, end, None, None, 1)) or bool(store.presence(OPEN_START, end))
+
+
+def first_month(store: LedgerStore) -> str | None:
+    """The month of the ledger's first record (None: it holds none)."""
+    first = store.records(OPEN_START, OPEN_END, None, None, 1)
+    return first[0]["time"][:7] if first else None
+
+
+def check_first(closes: Sequence[Close], month: str, held: bool, first: str | None) -> None:
+    """Conflict when ``month`` would be the first close and the ledger holds nothing of it or before it
+    (``held``: ``holds(store, month)``; ``first``: ``first_month(store)``, to say where the ledger begins)."""
+    if closes or held:
+        return
+    where = f"its first record is in {first}" if first else "it holds no record yet"
+    raise Conflict(f"{month} is before the ledger began ({where}): the first close names a month the ledger "
+                   "holds, as months then close in order from it.", "month_before_ledger", param="month")
+
+
+def check_reopen(closes: Sequence[Close], month: str) -> None:
+    """Conflict unless ``month`` is the latest closed month (the only one that may reopen)."""
+    if not any(c.month == month for c in closes):
+        raise Conflict(f"{month} is not closed: there is nothing to reopen.", "month_not_closed", param="month")
+    if closes[-1].month != month:
+        raise Conflict(f"{closes[-1].month} is closed after {month}: only the latest closed month reopens "
+                       f"(reopen {closes[-1].month} first).", "reopen_out_of_order", param="month")
+
+
+def reopen(store: LedgerStore, month: str) -> Close | None:
+    """Remove ``month``'s close when no later month is closed after it (one statement: a close of the month after
+    it racing this one either stands, and this removes nothing, or comes after and is withdrawn); the close
+    removed, or None when it was not removed (not closed, or a later month is)."""
+    stood = next((c for c in chain(store) if c.month == month), None)
+    if stood is None:
+        return None
+    _delete(store, "DELETE FROM ledger_closes WHERE month = {m} AND closed_at = {m} AND NOT EXISTS "
+                   "(SELECT 1 FROM ledger_closes AS later WHERE later.previous = {m})",
+            (month, stood.closed_at, month))
+    return None if any(c.month == month for c in chain(store)) else stood
+
+
+def _delete(store: LedgerStore, sql: str, args: tuple[str, ...]) -> None:
+    """A DELETE on ``ledger_closes`` through the store's own writer (``{m}``: its placeholder). The stores have
+    no method that removes a close; both take any statement through ``_write``."""
+    assert isinstance(store, _Sql), "the ledger stores are SQL"
+    store._write(sql.format(m=store.mark), [args])
+
+
 def statement(store: LedgerStore, month: str, tenants: Iterable[str], gpu: GpuReport, now: float,
               closes: Sequence[Close]) -> dict[str, Any]:
     """The month's statement: its snapshot when closed, else read live from the ledger (``tenants``: the live
@@ -124,14 +183,20 @@ def live(store: LedgerStore, month: str, tenants: Iterable[str], gpu: GpuReport,
 def close(store: LedgerStore, month: str, by: str, now: float, figures: dict[str, Any],
           closes: Sequence[Close]) -> Close | None:
     """Store ``figures`` (the month's live statement, read after ``closes``) as the month's snapshot; the close
-    that stands, or None when another close won the race (this month's, or one after the same previous)."""
+    that stands, or None when another close won the race (this month's, or one after the same previous) or the
+    month before was reopened meanwhile (this close is withdrawn)."""
     snapshot = {k: v for k, v in figures.items() if k not in ("closed", "closed_at", "closed_by")}
     row = {"month": month, "previous": closes[-1].month if closes else "", "closed_at": at(now), "closed_by": by,
            "snapshot": orjson.dumps(snapshot).decode()}
     store.add_close(row)
-    stored = next((c for c in chain(store) if c.month == month), None)
+    now_closed = chain(store)
+    stored = next((c for c in now_closed if c.month == month), None)
     if stored is None or (stored.closed_at, stored.previous, stored.snapshot) != (row["closed_at"], row["previous"],
                                                                                   snapshot):
+        return None
+    if stored.previous and not any(c.month == stored.previous for c in now_closed):
+        # the month before was reopened while this close ran: withdraw it, so the chain holds no gap
+        _delete(store, "DELETE FROM ledger_closes WHERE month = {m} AND closed_at = {m}", (month, stored.closed_at))
         return None
     return stored
 

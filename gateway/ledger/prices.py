@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
 
-from gateway.policy.schema import Prices, PriceVersion
+from gateway.policy.schema import Prices, PriceVersion, Tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +33,13 @@ def version_on(prices: Prices, model: str | None, day: date) -> PriceVersion | N
     return current
 
 
-def cost(prices: Prices, version: PriceVersion, usage: Usage, service_class: str, batch_line: bool,
+def cost(prices: Prices, version: PriceVersion, usage: Usage, service_class: Tier, batch_line: bool,
          cache_hit: bool) -> float:
     cached = min(usage.cached_tokens, usage.prompt_tokens)
     cached_rate = version.input_per_m if version.cached_input_per_m is None else version.cached_input_per_m
     fresh = ((usage.prompt_tokens - cached) * version.input_per_m + cached * cached_rate
              + usage.completion_tokens * version.output_per_m) / 1e6
-    factor = prices.class_multipliers.get(service_class, 1.0)  # type: ignore[call-overload]
+    factor = prices.class_multipliers.get(service_class, 1.0)
     if batch_line:
         factor *= 1 - prices.batch_api_discount
     if cache_hit:
@@ -47,11 +47,20 @@ def cost(prices: Prices, version: PriceVersion, usage: Usage, service_class: str
     return round(fresh * factor, 12)
 
 
+def rates(prices: Prices, version: PriceVersion, service_class: Tier, batch_line: bool) -> tuple[float, float]:
+    """USD per fresh prompt token and per completion token for a request of ``service_class`` (what ``cost``
+    charges, before its rounding): a request's worst case is two multiplications."""
+    factor = prices.class_multipliers.get(service_class, 1.0)
+    if batch_line:
+        factor *= 1 - prices.batch_api_discount
+    return version.input_per_m * factor / 1e6, version.output_per_m * factor / 1e6
+
+
 def version_id(model: str, version: PriceVersion) -> str:
     return f"{model}@{version.effective.isoformat()}"
 
 
-def recompute(prices: Prices, price_version: str, usage: Usage, service_class: str, batch_line: bool,
+def recompute(prices: Prices, price_version: str, usage: Usage, service_class: Tier, batch_line: bool,
               cache_hit: bool) -> float:
     """The cost a record should carry, from its price version id (for audits and tests)."""
     model, _, day = price_version.rpartition("@")

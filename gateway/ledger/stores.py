@@ -1,7 +1,8 @@
 """The ledger's tables: SQLite in the data directory (the embedded default) or PostgreSQL (shared by replicas).
 
-Both hold the same columns and answer the same two queries (records in time order, and sums grouped by
-tenant/model/day/tier/key), written once in SQL both understand. Times are ISO 8601 UTC text
+Both hold the same columns and answer the same queries (records in time order, sums grouped by
+tenant/model/day/tier/key/tag, those sums read a chunk at a time from one cursor, and each tenant's largest cost
+centres), written once in SQL both understand. Times are ISO 8601 UTC text
 ("2026-11-30T06:37:43.123456Z"), so they sort as text and a day is their first ten characters. Inserts are
 idempotent on ``id`` (a replayed spool never doubles a record). Every method blocks: callers run them on a
 thread (the ledger's writer, or ``asyncio.to_thread`` for reports).
@@ -17,6 +18,8 @@ from collections.abc import Iterator, Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
+
+from gateway.state.sqlite import connect
 
 # column -> (SQLite type, PostgreSQL type)
 COLUMNS: dict[str, tuple[str, str]] = {
@@ -74,10 +77,15 @@ class LedgerStore(Protocol):
     def insert(self, records: Sequence[dict[str, Any]]) -> None: ...
 
     def records(self, start: str, end: str, tenant: str | None, after: tuple[str, str] | None,
-                limit: int, tag: str | None = None) -> list[dict[str, Any]]: ...
+                limit: int, tag: str | None = None, columns: Sequence[str] | None = None) -> list[dict[str, Any]]: ...
 
     def totals(self, start: str, end: str, group_by: Sequence[str], tenant: str | None,
                tag: str | None = None) -> list[dict[str, Any]]: ...
+
+    def stream_totals(self, start: str, end: str, group_by: Sequence[str], tenant: str | None,
+                      tag: str | None = None, chunk: int = 2000) -> Iterator[list[dict[str, Any]]]: ...
+
+    def top_tags(self, start: str, end: str, top: int) -> list[dict[str, Any]]: ...
 
     def tokens_percentile(self, start: str, end: str, q: float, tenant: str | None = None) -> int | None: ...
 
@@ -114,30 +122,61 @@ class _Sql(abc.ABC):
         return sql, args
 
     def records(self, start: str, end: str, tenant: str | None, after: tuple[str, str] | None,
-                limit: int, tag: str | None = None) -> list[dict[str, Any]]:
+                limit: int, tag: str | None = None, columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Up to ``limit`` records after ``after`` (time, id) in time order; ``columns`` (of COLUMNS; time and id
+        always come) reads only those, for a reader that needs a few of a month's records' 26."""
+        names = list(COLUMNS) if columns is None else list(dict.fromkeys(["time", "id", *columns]))
+        unknown = set(names) - set(COLUMNS)
+        if unknown:
+            raise ValueError(f"no ledger columns {sorted(unknown)}")
         where, args = self._where(start, end, tenant, tag)
         if after is not None:
             where += f" AND (time > {self.mark} OR (time = {self.mark} AND id > {self.mark}))"
             args += [after[0], after[0], after[1]]
-        rows = self._run(f"SELECT {', '.join(COLUMNS)} FROM ledger WHERE {where} ORDER BY time, id "
+        rows = self._run(f"SELECT {', '.join(names)} FROM ledger WHERE {where} ORDER BY time, id "
                          f"LIMIT {int(limit)}", args)
+        flags = [name for name in BOOLEAN if name in names]
         for row in rows:
-            for name in BOOLEAN:
+            for name in flags:
                 row[name] = bool(row[name])
         return rows
 
-    def totals(self, start: str, end: str, group_by: Sequence[str], tenant: str | None,
-               tag: str | None = None) -> list[dict[str, Any]]:
+    def _totals_sql(self, start: str, end: str, group_by: Sequence[str], tenant: str | None,
+                    tag: str | None) -> tuple[str, list[Any]]:
         where, args = self._where(start, end, tenant, tag)
         keys = [f"{GROUPS[g]} AS {'key_id' if g == 'key' else g}" for g in group_by]
         order = ", ".join(str(i + 1) for i in range(len(group_by)))
         sql = f"SELECT {', '.join([*keys, SUMS])} FROM ledger WHERE {where}"
         if group_by:
             sql += f" GROUP BY {order} ORDER BY {order}"
-        rows = self._run(sql, args)
-        # PostgreSQL sums integers as numeric (Decimal): back to plain numbers
-        return [{k: int(v) if isinstance(v, Decimal) else v for k, v in row.items()} for row in rows
-                if row["requests"]]
+        return sql, args
+
+    def totals(self, start: str, end: str, group_by: Sequence[str], tenant: str | None,
+               tag: str | None = None) -> list[dict[str, Any]]:
+        return _plain(self._run(*self._totals_sql(start, end, group_by, tenant, tag)))
+
+    def stream_totals(self, start: str, end: str, group_by: Sequence[str], tenant: str | None,
+                      tag: str | None = None, chunk: int = 2000) -> Iterator[list[dict[str, Any]]]:
+        """``totals``, the same rows in the same order, ``chunk`` at a time from one cursor (one statement: one
+        view of the ledger), so a grouping with a row per end user is never held whole. The cursor lives in the
+        calling thread: consume the iterator there, to its end or closed."""
+        sql, args = self._totals_sql(start, end, group_by, tenant, tag)
+        for rows in self._stream(sql, args, chunk):
+            yield _plain(rows)
+
+    def top_tags(self, start: str, end: str, top: int) -> list[dict[str, Any]]:
+        """Each tenant's ``top`` tag sets (cost centres) of [start, end) by list-price spend, then requests,
+        then the tags as text (rows of tenant and tags): one ranking, counted in the database. Untagged records
+        are no cost centre here."""
+        where, args = self._where(start, end, None)
+        return self._run(
+            "SELECT tenant, tags FROM (SELECT tenant, tags, row_number() OVER (PARTITION BY tenant ORDER BY "
+            "sum(cost_usd) DESC, count(*) DESC, tags) AS place FROM ledger WHERE "
+            f"{where} AND tags IS NOT NULL GROUP BY tenant, tags) AS ranked WHERE place <= {int(top)} "
+            "ORDER BY tenant, place", args)
+
+    @abc.abstractmethod
+    def _stream(self, sql: str, args: Sequence[Any], chunk: int) -> Iterator[list[dict[str, Any]]]: ...
 
 
     def tokens_percentile(self, start: str, end: str, q: float, tenant: str | None = None) -> int | None:
@@ -206,10 +245,8 @@ class SqliteLedger(_Sql):
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
         if db is None:
-            db = sqlite3.connect(self.path, timeout=30)
+            db = connect(self.path, timeout=30)
             db.row_factory = sqlite3.Row
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
             self._local.db = db
         return db
 
@@ -220,7 +257,29 @@ class SqliteLedger(_Sql):
                            [tuple(r.get(c) for c in COLUMNS) for r in records])
 
     def _run(self, sql: str, args: Sequence[Any]) -> list[dict[str, Any]]:
-        return [dict(row) for row in self._db().execute(sql, args)]
+        cursor = self._tuples(sql, args)
+        try:
+            names = [d[0] for d in cursor.description]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+        finally:
+            cursor.close()
+
+    def _stream(self, sql: str, args: Sequence[Any], chunk: int) -> Iterator[list[dict[str, Any]]]:
+        cursor = self._tuples(sql, args)
+        try:
+            names = [d[0] for d in cursor.description]
+            while rows := cursor.fetchmany(chunk):
+                yield [dict(zip(names, row, strict=True)) for row in rows]
+        finally:
+            cursor.close()
+
+    def _tuples(self, sql: str, args: Sequence[Any]) -> sqlite3.Cursor:
+        """A cursor whose rows are plain tuples: a report reads hundreds of thousands, and a sqlite3.Row is an
+        object the interpreter's collector tracks (a tuple of plain values it stops tracking at its first pass),
+        so rows in hand at each collection were kept for full ones, each walking the whole heap."""
+        cursor = self._db().cursor()
+        cursor.row_factory = None
+        return cursor.execute(sql, args)
 
     def _write(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         with self._db() as db:
@@ -287,6 +346,19 @@ class PostgresLedger(_Sql):
             db.close()
             raise
 
+    def _stream(self, sql: str, args: Sequence[Any], chunk: int) -> Iterator[list[dict[str, Any]]]:
+        """A server-side cursor in a transaction of its own: PostgreSQL sends ``chunk`` rows per fetch (a
+        client-side cursor would bring every row over before the first)."""
+        db = self._db()
+        try:
+            with db.transaction(), db.cursor(name="tollgate_stream") as cursor:
+                cursor.execute(sql, args)
+                while rows := cursor.fetchmany(chunk):
+                    yield list(rows)
+        except self._psycopg.OperationalError:
+            db.close()
+            raise
+
     def _write(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         db = self._db()
         try:
@@ -302,16 +374,22 @@ class PostgresLedger(_Sql):
             db.close()
 
 
+def _plain(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Groups with requests, their sums as plain numbers (PostgreSQL sums integers as numeric: Decimal)."""
+    return [{k: int(v) if isinstance(v, Decimal) else v for k, v in row.items()} for row in rows if row["requests"]]
+
+
 def _pg(column: str, value: Any) -> Any:
     return bool(value) if column in BOOLEAN else value
 
 
-def iter_all(store: LedgerStore, start: str, end: str, tenant: str | None, page: int = 2000
-             ) -> Iterator[list[dict[str, Any]]]:
-    """Every record in the range, page by page (keyset on time and id: nothing skipped, nothing twice)."""
+def iter_all(store: LedgerStore, start: str, end: str, tenant: str | None, page: int = 2000,
+             columns: Sequence[str] | None = None) -> Iterator[list[dict[str, Any]]]:
+    """Every record in the range, page by page (keyset on time and id: nothing skipped, nothing twice);
+    ``columns``: only those (with time and id)."""
     after: tuple[str, str] | None = None
     while True:
-        rows = store.records(start, end, tenant, after, page)
+        rows = store.records(start, end, tenant, after, page, columns=columns)
         if not rows:
             return
         yield rows

@@ -42,7 +42,8 @@ class LedgerWriter:
     def append(self, draft: Draft) -> None:
         """From the event loop: no I/O, no lock (deque appends are atomic). The record comes priced (by
         accounting.Finish, on the loop); only its time is formatted on the writer's thread. Only the first record
-        after a flush wakes the thread (waking it every 100 ms regardless was a third of an idle gateway's CPU)."""
+        after a flush wakes the thread, so an idle gateway's writer sleeps.
+        Why: docs/decisions/006-ledger-writer-and-spool.md."""
         if not self._pending:
             self._wake.set()
         self._pending.append(draft)

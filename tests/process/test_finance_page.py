@@ -9,13 +9,17 @@ import io
 import os
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import openpyxl
 import pytest
 from playwright.sync_api import sync_playwright
 
 from gateway.auth import hash_key
+from gateway.finance import money
+from gateway.finance.reports import parse_month
 from tests.conftest import DEMO_KEY, FINANCE_TOKEN, PREMIUM_KEY, Proc, policy_dict, wait_for
 
 MODEL = "sim-llama-8b"
@@ -69,7 +73,12 @@ def test_finance_page_shows_what_the_api_reports(start_gateway: Callable[..., Pr
     assert max(len(line) for line in lines) <= 80 and "…" not in printed.stdout, printed.stdout
     for word in ("tenant", "model", "requests", "prompt", "output", "cache", "cost", "TOTAL", "capped", MODEL):
         assert word in printed.stdout, (word, printed.stdout)
-    assert f"{total['cost_usd']:.6f}" in printed.stdout.replace(" ", ""), printed.stdout
+    assert money.amount(total["cost_usd"]) in printed.stdout, printed.stdout
+    assert f"Costs, this month so far: {datetime.now(UTC):%Y-%m}-01 to now" in printed.stdout, printed.stdout
+    by_pair = httpx.get(gateway.url + "/admin/reports/costs", params={"group_by": "tenant,model"},
+                        headers=finance).json()["data"]
+    for row in by_pair:  # each value whole on one line: never split mid-word or mid-number
+        assert any(str(row["tenant"]) in line and money.amount(row["cost_usd"]) in line for line in lines), row
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
@@ -100,9 +109,9 @@ def test_finance_page_shows_what_the_api_reports(start_gateway: Callable[..., Pr
             name = re.fullmatch(r'attachment; filename="([A-Za-z0-9._-]+)"', got.headers["content-disposition"])
             assert name is not None, got.headers["content-disposition"]
             return name[1], list(csv.DictReader(io.StringIO(got.text())))
-        assert float(shown("total-cost")) == pytest.approx(total["cost_usd"], abs=1e-6)
+        assert shown("total-cost") == money.amount(total["cost_usd"])  # to the cent, as the statement and CLI
         assert int(shown("total-requests")) == 13
-        assert float(shown("cost-per-1k")) == pytest.approx(total["cost_per_1k_requests_usd"], abs=1e-6)
+        assert shown("cost-per-1k") == money.rate(total["cost_per_1k_requests_usd"])
         everyone = sorted(r["prompt_tokens"] + r["completion_tokens"] for r in records)
         assert int(shown("tokens-p95")) == everyone[12], "the 95th percentile of 13: the largest"
         plain_page()
@@ -125,7 +134,7 @@ def test_finance_page_shows_what_the_api_reports(start_gateway: Callable[..., Pr
         assert rows.count() == 5
         for i in range(5):
             cells = rows.nth(i).locator("td").all_inner_texts()
-            assert float(cells[5]) == pytest.approx(by_tenant[cells[0]]["cost_usd"], abs=1e-6)
+            assert cells[5] == money.amount(by_tenant[cells[0]]["cost_usd"])
             assert int(cells[1]) == by_tenant[cells[0]]["requests"]
             assert cells[8] == ("new" if by_tenant[cells[0]]["requests"] else "-")
         for quiet in ("bulk", "idle"):
@@ -134,8 +143,8 @@ def test_finance_page_shows_what_the_api_reports(start_gateway: Callable[..., Pr
         capped_row = page.locator("[data-testid=tenant-row]", has_text="capped").locator("td").all_inner_texts()
         assert capped_row[6] == "0.01 / month" and capped_row[7].endswith("%")
         idle_row = page.locator("[data-testid=tenant-row]", has_text="idle").locator("td").all_inner_texts()
-        assert idle_row[6] == "0.00001 / day", idle_row
-        assert "0.00001" in page.locator("[data-testid=budget-row]", has_text="idle").inner_text()
+        assert idle_row[6] == "0.00 / day", idle_row  # an amount to the cent, never 1e-05
+        assert "0.00" in page.locator("[data-testid=budget-row]", has_text="idle").inner_text()
         name, rows = download("tenant-csv")
         assert name == f"costs_{first}_{last}_by-tenant.csv" and {r["tenant"] for r in rows} == set(by_tenant)
         assert [r["cost_usd"] for r in rows if r["tenant"] in ("bulk", "idle")] == ["0.00", "0.00"]
@@ -147,8 +156,8 @@ def test_finance_page_shows_what_the_api_reports(start_gateway: Callable[..., Pr
         assert shown_rows.count() == len(gpu_rows) == 5
         for i in range(5):
             cells = shown_rows.nth(i).locator("td").all_inner_texts()
-            assert float(cells[3]) == pytest.approx(gpu_rows[cells[0]]["gpu_cost_usd"], abs=1e-6)
-            assert float(cells[4]) == pytest.approx(by_tenant[cells[0]]["cost_usd"], abs=1e-6)
+            assert cells[3] == money.amount(gpu_rows[cells[0]]["gpu_cost_usd"])
+            assert cells[4] == money.amount(by_tenant[cells[0]]["cost_usd"])
         assert gpu_rows["demo"]["gpu_cost_usd"] > 0 and gpu_rows["bulk"]["gpu_cost_usd"] == 0
         assert page.locator("[data-testid=gpu-idle-row]").count() == 1
         assert page.locator("[data-testid=gpu-worker-row]").count() == 1
@@ -160,6 +169,11 @@ def test_finance_page_shows_what_the_api_reports(start_gateway: Callable[..., Pr
         xlsx = page.request.get(gateway.url + str(page.get_attribute("[data-testid=statement-xlsx]", "href")))
         assert xlsx.status == 200 and xlsx.body()[:2] == b"PK"  # a workbook (a zip), with the page's sign-in
         assert "statement_" in xlsx.headers["content-disposition"]
+        current = f"{datetime.now(UTC):%Y-%m}"  # the statement links open the month the selector shows
+        assert f"month={current}" in str(page.get_attribute("[data-testid=statement-html]", "href"))
+        sheet = {r[0]: r[1] for r in openpyxl.load_workbook(io.BytesIO(xlsx.body()))["Statement"].iter_rows(
+            min_row=2, values_only=True)}
+        assert sheet["Month"] == current and sheet["Period (UTC)"] == money.period(*parse_month(current))
         plain_page()
         page.locator("[data-testid=gpu-section]").screenshot(path=str(screenshot_to(tmp_path, "finance-gpu.png")))
         assert screenshot_to(tmp_path, "finance-gpu.png").stat().st_size > 10_000
@@ -193,8 +207,8 @@ def test_finance_page_shows_what_the_api_reports(start_gateway: Callable[..., Pr
         api = httpx.get(gateway.url + "/admin/reports/costs", headers=finance,
                         params={"group_by": "key", "tenant": "demo"}).json()["data"]
         key_cells = page.locator("[data-testid=drill-key]").locator("td").all_inner_texts()
-        assert len(api) == 1 and key_cells[0] == api[0]["key_id"]
-        assert float(key_cells[4]) == pytest.approx(api[0]["cost_usd"], abs=1e-6)
+        assert len(api) == 1 and key_cells[0] == f"(a key of the policy file) {api[0]['key_id']}"
+        assert key_cells[4] == money.amount(api[0]["cost_usd"])
         assert page.locator("[data-testid=drill-model]").count() == 1
         assert page.locator("[data-testid=drill-day]").count() == 1
         name, rows = download("drill-day-csv")

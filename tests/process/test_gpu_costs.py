@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.ledger.prices import plain
+from gateway.finance import money
 from tests.conftest import DEMO_KEY, FINANCE_TOKEN, PREMIUM_KEY, Proc, on_shared_state, policy_dict, wait_for
 
 MODEL = "sim-llama-8b"
@@ -107,8 +107,8 @@ def test_tenants_pay_for_what_they_ran_and_idle_is_its_own_row(start_gateway: Ca
                               FINANCE_TOKEN, "--from", stamp(start), "--to", stamp(end)], capture_output=True,
                              text=True, timeout=60, env={**os.environ, "COLUMNS": "120"})
     assert printed.returncode == 0, printed.stderr
-    for text in ("(idle)", "prem", "demo", "Workers", f"= workers' hours x rate {plain(rec['workers_cost_usd'])}",
-                 "scaling rules would have run"):
+    for text in ("(idle)", "prem", "demo", "Workers", "scaling rules would have run",
+                 f"= workers' hours x rate {money.amount(rec['workers_cost_usd'])}"):
         assert text in printed.stdout, (text, printed.stdout)
 
 

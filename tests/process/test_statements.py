@@ -11,6 +11,7 @@ import os
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ import pandas as pd
 import pytest
 from playwright.sync_api import sync_playwright
 
+from gateway.finance import money
+from gateway.finance.reports import parse_month
 from gateway.ledger.stores import COLUMNS, PostgresLedger, SqliteLedger
 from gateway.ledger.times import at
 from tests.conftest import (
@@ -41,8 +44,27 @@ FINANCE = {"Authorization": f"Bearer {FINANCE_TOKEN}"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
+def shown_on_excel(row: Any) -> list[str]:
+    """The cells as a spreadsheet shows them: text as it is, an amount under its "#,##0.00" format."""
+    out = []
+    for cell in row:
+        if isinstance(cell.value, str):
+            out.append(cell.value)
+            continue
+        places = len(cell.number_format.partition(".")[2])
+        figure = Decimal(repr(cell.value)).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
+        out.append(f"{abs(figure) if figure == 0 else figure:,.{places}f}" if "." in cell.number_format
+                   else str(cell.value))  # a count as the page prints it
+    return out
+
+
+def cell_texts(html: str, test_id: str) -> list[str]:
+    return re.findall(rf'data-testid="{test_id}"[^>]*>([^<]*)<', html)
+
+
 def statement(gateway: Proc, month: str, headers: dict[str, str] = FINANCE, **params: str) -> httpx.Response:
-    return httpx.get(gateway.url + "/admin/statements", params={"month": month, **params}, headers=headers,
+    asked = {"month": month} if month else {}
+    return httpx.get(gateway.url + "/admin/statements", params={**asked, **params}, headers=headers,
                      timeout=60)
 
 
@@ -102,6 +124,8 @@ def test_a_months_statement_as_json_csv_workbook_and_printed_page(start_gateway:
     assert wb.sheetnames == ["Summary by tenant", "By model", "By cost centre", "GPU idle by worker", "Adjustments",
                              "Statement", "bulk", "demo", "prem"]
     summary = wb["Summary by tenant"]
+    assert [r for r in wb["Statement"].iter_rows(values_only=True) if r[0] == "Period (UTC)"] == \
+        [("Period (UTC)", money.period(*parse_month(month)))]
     assert summary.freeze_panes == "A2" and all(c.font.b for c in summary[1])
     assert all(isinstance(c.value, int | float) for r in summary.iter_rows(min_row=2) for c in r[1:])
     sheets = pd.read_excel(io.BytesIO(book.content), sheet_name=None)
@@ -117,6 +141,16 @@ def test_a_months_statement_as_json_csv_workbook_and_printed_page(start_gateway:
     assert idle["Worker"].tolist() == [sim.url, "Total"] and idle["Idle cost (USD)"].dtype.kind == "f"
     assert sheets["prem"]["Requests"].iloc[-1] == 3, "a tenant's sheet ends on its total"
 
+    # the printable page and the workbook: the same figures, as a spreadsheet shows them, and the same period;
+    # with no month asked for, this month (as the finance page's selector)
+    for printed in (statement(gateway, month, format="html").text, statement(gateway, "", format="html").text):
+        assert cell_texts(printed, "period") == [f"{money.period(*parse_month(month))} (UTC)"]
+        assert "rounded to the cent" in cell_texts(printed, "rounding")[0]
+        for test_id, row in (("summary-row", summary[2]), ("summary-total", summary[summary.max_row])):
+            tds = re.search(rf'<tr[^>]*data-testid="{test_id}"[^>]*>(.*?)</tr>', printed)
+            assert tds is not None and re.findall(r"<td[^>]*>([^<]*)</td>", tds[1]) == shown_on_excel(row), test_id
+        assert re.findall(r'<td class="usd">([^<]*)</td>', printed)[5] == money.amount(data["tenants"][1]["cost_usd"])
+
     # the page in a browser: printable, each tenant on its own page of the PDF
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
@@ -129,8 +163,7 @@ def test_a_months_statement_as_json_csv_workbook_and_printed_page(start_gateway:
         assert answer is not None and answer.status == 200
         assert page.locator("[data-testid=tenant-section]").count() == 3
         cells = page.locator("[data-testid=summary-total] td").all_inner_texts()
-        assert cells[0] == "Total" and int(cells[1]) == 7 and float(cells[5]) == pytest.approx(total["cost_usd"],
-                                                                                              abs=1e-9)
+        assert cells[0] == "Total" and int(cells[1]) == 7 and cells[5] == money.amount(total["cost_usd"])
         assert EXPONENT.findall(page.inner_text("body")) == []
         assert "Open:" in page.inner_text("[data-testid=status]")
         shot = Path(os.environ.get("TOLLGATE_SCREENSHOT_DIR", tmp_path)) / "statement.png"

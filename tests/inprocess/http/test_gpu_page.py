@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gateway.http.gpu_page import section
-from gateway.ledger.gpu import report
-from gateway.ops.sizing import cheapest
+from gateway.finance.gpu import report
+from gateway.finance.gpu_page import section
+from gateway.finance.sizing import cheapest
 from gateway.policy.schema import Policy
 from tests.inprocess.ledger.test_gpu import T0, A, presence, record
 

@@ -20,10 +20,11 @@ from hypothesis import strategies as st
 from starlette.requests import Request
 
 from gateway.errors import InvalidRequest
+from gateway.finance.reports import cell
 from gateway.http.app import HotPaths, create_app
-from gateway.http.reports import cell, download_name, parse_tag, period_label, time_range
+from gateway.http.reports import download_name, parse_tag, period_label, time_range
 from gateway.ledger.prices import plain
-from gateway.ledger.stores import COLUMNS, OPEN_END, OPEN_START, PostgresLedger, SqliteLedger
+from gateway.ledger.stores import COLUMNS, OPEN_END, OPEN_START, SqliteLedger
 from gateway.policy.loader import PolicySnapshot, PolicyStore
 from gateway.policy.schema import Policy
 from tests.conftest import DEMO_KEY, FINANCE_TOKEN, policy_dict
@@ -237,12 +238,11 @@ def test_a_tag_filters_to_records_holding_that_exact_pair(tmp_path: Path) -> Non
     assert usage.json()["total"]["requests"] == 1 and usage.json()["tenant"] == "demo"
 
 
-# -- the store's queries, on both stores ---------------------------------------------------------------------
+# -- the store's queries (on PostgreSQL too: tests/process/http/test_reports.py) ------------------------------
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    made = SqliteLedger(tmp_path / "ledger.sqlite3") if request.param == "sqlite" else \
-        PostgresLedger(request.getfixturevalue("pg_dsn"))
+    made = SqliteLedger(tmp_path / "ledger.sqlite3")
     yield made
     made.close()
 

@@ -15,9 +15,10 @@ import httpx
 import pytest
 
 from gateway.errors import InvalidRequest
+from gateway.finance import page as finance_page
+from gateway.finance.page import Range
 from gateway.http import reports_page
 from gateway.http.app import HotPaths, create_app
-from gateway.http.reports_page import Range
 from gateway.ledger.stores import COLUMNS
 from gateway.policy.loader import PolicySnapshot, PolicyStore
 from gateway.policy.schema import Policy
@@ -113,14 +114,29 @@ def test_without_a_ledger_the_page_says_so() -> None:
     assert reply.status_code == 409 and "ledger is not enabled" in reply.text
 
 
+def test_the_sign_in_form_is_read_up_to_login_bytes_and_no_further(tmp_path: Path) -> None:
+    app = app_with_ledger(tmp_path)
+    form = {"content-type": "application/x-www-form-urlencoded"}
+
+    async def main() -> tuple[httpx.Response, httpx.Response]:
+        async with app.app.router.lifespan_context(app.app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:  # type: ignore[arg-type]
+            at_cap = b"token=" + b"x" * (reports_page.LOGIN_BYTES - len(b"token="))
+            return (await client.post("/reports/login", content=at_cap, headers=form),
+                    await client.post("/reports/login", content=at_cap + b"x", headers=form))
+    at_cap, past = asyncio.run(main())
+    assert at_cap.status_code == 401 and "does not open the reports" in at_cap.text, "read whole, and refused"
+    assert past.status_code == 413
+
+
 def test_the_daily_chart_stacks_each_days_tenants_to_scale() -> None:
     rows = [{"day": day, "tenant": tenant, "cost_usd": cost} for day, tenant, cost in (
         ("2026-03-01", "a", 3.0), ("2026-03-01", "b", 1.0), ("2026-03-02", "a", 2.0), ("2026-03-02", "b", None))]
-    svg = reports_page._daily_chart(rows, width=460, height=240)
+    svg = finance_page._daily_chart(rows, width=460, height=240)
     heights = [float(h) for h in re.findall(r'<rect [^>]*height="([\d.]+)"', svg)]
     assert heights == [150.0, 50.0, 100.0, 0.0], "the peak day (4 USD) is the full 200 px; the rest in proportion"
-    assert "$4.00<" in svg and "$3.00</title>" in svg and "03-01" in svg
-    assert reports_page._daily_chart([]) == '<p class="muted">No spend in this range.</p>'
+    assert "4.00 USD<" in svg and "3.00 USD</title>" in svg and "03-01" in svg
+    assert finance_page._daily_chart([]) == '<p class="muted">No spend in this range.</p>'
 
 
 def record(n: int, tenant: str, **fields: Any) -> dict[str, Any]:
@@ -167,7 +183,7 @@ def test_the_page_lists_every_tenant_in_plain_decimals_and_drills_into_its_own_f
     assert tenants == [("gone", "1"), ("demo", "2"), ("prem", "3"), ("bulk", "0"), ("tiny", "0")], \
         "every tenant of the policy, and the one with records that left it; by spend, then name"
     assert exponents(page) == [], "no number in exponent notation"
-    assert "0.00001 / month" in page and 'data-testid="tenant-cost">0.000025<' in page
+    assert "0.00 / month" in page and 'data-testid="tenant-cost">0.00<' in page, "to the cent, never 1e-05"
     assert "(refused before a model)" in page and ">None<" not in page
     assert re.search(r'data-testid="tokens-p95">1500<', page), "the gateway's p95: demo's large request"
     demo = seen["demo"].text

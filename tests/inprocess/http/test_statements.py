@@ -16,10 +16,13 @@ from typing import Any
 import httpx
 import openpyxl
 import pytest
+from starlette.requests import Request
 
+from gateway.errors import InvalidRequest
+from gateway.finance.reports import cell
+from gateway.finance.statements import sheet_names
 from gateway.http.app import HotPaths, create_app
-from gateway.http.reports import cell
-from gateway.http.statements import sheet_names
+from gateway.http.statements import parse_statement
 from gateway.ledger.stores import COLUMNS
 from gateway.policy.loader import PolicySnapshot, PolicyStore
 from gateway.policy.schema import Policy
@@ -167,6 +170,20 @@ def test_sheet_names_keep_excels_rules() -> None:
 def test_a_csv_cell_that_would_be_a_formula_is_text() -> None:
     assert [cell(v) for v in ("=1+2", "+1", "-x", "@SUM(A1)", "\tx", "plain", 1.5e-05, None, -3)] == [
         "'=1+2", "'+1", "'-x", "'@SUM(A1)", "'\tx", "plain", "0.000015", "", -3]
+
+
+def test_a_statement_asks_for_a_month_that_has_begun_in_one_of_its_formats() -> None:
+    def asked(query: str) -> Request:
+        return Request({"type": "http", "method": "GET", "path": "/admin/statements", "headers": [],
+                        "query_string": query.encode()})
+    now = datetime(2026, 11, 17, tzinfo=UTC).timestamp()
+    assert parse_statement(asked("month=2026-11"), now) == ("2026-11", "json"), "a month under way states so far"
+    assert parse_statement(asked("month=2026-10&format=xlsx"), now) == ("2026-10", "xlsx")
+    for query, param in (("month=2026-12", "month"), ("month=2026-10&format=pdf", "format"), ("", "month"),
+                         ("month=2026-10&to=2026-10-31", "to")):
+        with pytest.raises(InvalidRequest) as refused:
+            parse_statement(asked(query), now)
+        assert refused.value.param == param, query
 
 
 def test_closing_takes_the_admin_token_and_a_month_that_has_ended_once_and_in_order(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Closed months over a real ledger (SQLite in tmp_path, and PostgreSQL): a closed statement never changes, a
 record that reaches a closed month late is carried once as an adjustment by the first open month after the latest
-close, months close in order and once, and two closes racing leave one chain."""
+close, months close in order and once, and two closes racing leave one chain; the first close names a month the
+ledger holds, the latest close reopens (none before it), and a close racing a reopen leaves no gap."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gateway.errors import Conflict
+from gateway.finance.gpu_costs import gather
 from gateway.ledger import closes
-from gateway.ledger.stores import COLUMNS, LedgerStore, PostgresLedger, SqliteLedger
+from gateway.ledger.stores import COLUMNS, LedgerStore, SqliteLedger
 from gateway.ledger.times import at
-from gateway.ops.gpu_costs import gather
 from gateway.policy.schema import Policy
 
 WORKER = "http://gpu-a:8000"
@@ -72,11 +75,11 @@ def store(tmp_path: Path) -> Iterator[LedgerStore]:
     made.close()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite"])
 def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LedgerStore]:
-    """Each store the ledger runs on (the PostgreSQL one that replicas share, fresh from pg_dsn)."""
-    made: LedgerStore = SqliteLedger(tmp_path / "ledger.sqlite3") if request.param == "sqlite" else \
-        PostgresLedger(request.getfixturevalue("pg_dsn"))
+    """Each store the ledger runs on in this process (the PostgreSQL one that replicas share:
+    tests/process/ledger/test_closes.py runs the same tests on it)."""
+    made = SqliteLedger(tmp_path / "ledger.sqlite3")
     yield made
     made.close()
 
@@ -205,3 +208,106 @@ def test_two_closes_racing_leave_one_chain(ledger: LedgerStore) -> None:
     assert closes.close(ledger, "2026-11", "admin", NOW + 3, figures, chain) is not None
     assert closes.close(ledger, "2026-11", "admin", NOW + 4, figures, chain) is None
     assert [(c.month, c.previous) for c in closes.chain(ledger)] == [("2026-10", ""), ("2026-11", "2026-10")]
+
+
+def test_a_first_close_names_a_month_the_ledger_holds(ledger: LedgerStore) -> None:
+    """1970-01 on a ledger that starts in 2026-10 would close, and leave every real month out of order for good:
+    the first close is refused before the ledger's first month, which it names; a worker's span counts as the
+    ledger holding that month (its idle GPUs are billed)."""
+    assert closes.first_month(ledger) is None and not closes.holds(ledger, "2026-10")
+    with pytest.raises(Conflict) as empty:
+        closes.check_first([], "2026-10", closes.holds(ledger, "2026-10"), closes.first_month(ledger))
+    assert empty.value.code == "month_before_ledger" and "holds no record yet" in empty.value.message
+    october(ledger)
+    assert closes.first_month(ledger) == "2026-10"
+    for month in ("1970-01", "2026-08"):
+        with pytest.raises(Conflict) as early:
+            closes.check_first([], month, closes.holds(ledger, month), closes.first_month(ledger))
+        assert (early.value.code, early.value.param) == ("month_before_ledger", "month")
+        assert f"{month} is before the ledger began (its first record is in 2026-10)" in early.value.message
+    for month in ("2026-10", "2026-11", "2027-01"):
+        assert closes.holds(ledger, month)
+        closes.check_first([], month, True, "2026-10")
+    ledger.extend_presence([span("2026-09")])  # the GPUs were up a month before the first request
+    assert closes.holds(ledger, "2026-09") and not closes.holds(ledger, "2026-08")
+    stood = close(ledger, "2026-10")
+    closes.check_first([stood], "1970-01", False, "2026-10")  # past the first close, check orders months
+
+
+def test_the_latest_close_reopens_and_the_month_closes_again(ledger: LedgerStore) -> None:
+    october(ledger)
+    close(ledger, "2026-10")
+    november = close(ledger, "2026-11")
+    with pytest.raises(Conflict) as earlier:
+        closes.check_reopen(closes.chain(ledger), "2026-10")
+    assert earlier.value.code == "reopen_out_of_order" and "reopen 2026-11 first" in earlier.value.message
+    with pytest.raises(Conflict) as open_month:
+        closes.check_reopen(closes.chain(ledger), "2026-12")
+    assert open_month.value.code == "month_not_closed"
+    assert closes.reopen(ledger, "2026-10") is None, "the store refuses it too: November names October"
+    assert [c.month for c in closes.chain(ledger)] == ["2026-10", "2026-11"]
+
+    assert closes.reopen(ledger, "2026-11") == november
+    assert [c.month for c in closes.chain(ledger)] == ["2026-10"]
+    assert closes.reopen(ledger, "2026-11") is None, "reopened once"
+    ledger.insert([record("prem", moment("2026-11", 7), cost=0.2)])
+    live = read(ledger, "2026-11")
+    assert live["closed"] is False and live["total"]["requests"] == november.snapshot["total"]["requests"] + 1
+    again = close(ledger, "2026-11")
+    assert again.previous == "2026-10" and again.snapshot["total"] == live["total"]
+    assert closes.reopen(ledger, "2026-11") is not None and closes.reopen(ledger, "2026-10") is not None
+    assert closes.chain(ledger) == [] and read(ledger, "2026-10")["closed"] is False
+    assert close(ledger, "2026-10").previous == "", "a first close again"
+
+
+def test_a_close_racing_a_reopen_of_the_month_before_is_withdrawn(ledger: LedgerStore) -> None:
+    october(ledger)
+    close(ledger, "2026-10")
+    chain = closes.chain(ledger)
+    figures = read(ledger, "2026-11")  # November's close has read the chain with October closed ...
+    assert closes.reopen(ledger, "2026-10") is not None  # ... October is reopened meanwhile ...
+    assert closes.close(ledger, "2026-11", "admin", NOW, figures, chain) is None  # ... and November withdrawn
+    assert closes.chain(ledger) == [], "no close names a previous month that is open"
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.tuples(st.sampled_from(["close", "reopen"]), st.integers(-2, 4)), max_size=14))
+def test_any_run_of_closes_and_reopens_leaves_one_chain_in_order(tmp_path: Path,
+                                                                   steps: list[tuple[str, int]]) -> None:
+    """Against a model (the closed months, in order), each close or reopen stands exactly when the rules allow it
+    (the first on or after the ledger's first month, then the next month; a reopen of the latest alone), and the
+    stored chain is always the model: each close names the one before it."""
+    months = ["2026-08", "2026-09", "2026-10", "2026-11", "2026-12", "2027-01", "2027-02"]  # October is first
+    store = SqliteLedger(tmp_path / f"ledger-{next(_ids)}.sqlite3")
+    try:
+        october(store)
+        model: list[str] = []
+        for action, offset in steps:
+            month = months[offset + 2]
+            chain = closes.chain(store)
+            try:
+                if action == "close":
+                    closes.check(chain, month)
+                    closes.check_first(chain, month, closes.holds(store, month), closes.first_month(store))
+                    allowed = closes.close(store, month, "admin", NOW, read(store, month), chain) is not None
+                else:
+                    closes.check_reopen(chain, month)
+                    allowed = closes.reopen(store, month) is not None
+            except Conflict:
+                allowed = False
+            if action == "close":
+                expected = month not in model and (month == next_of(model[-1]) if model else month >= "2026-10")
+                model += [month] if expected else []
+            else:
+                expected = bool(model) and model[-1] == month
+                model = model[:-1] if expected else model
+            assert allowed == expected, (action, month, model)
+            stored = closes.chain(store)
+            assert [c.month for c in stored] == model
+            assert [c.previous for c in stored] == ["", *model][:len(model)]
+    finally:
+        store.close()
+
+
+def next_of(month: str) -> str:
+    return closes.next_month(month)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.ledger.gpu import IDLE, Rates, report, union
+from gateway.finance.gpu import IDLE, Rates, report, union
 from gateway.ledger.times import at
 from gateway.policy.schema import GpuPrice, Pool
 

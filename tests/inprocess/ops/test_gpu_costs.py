@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.finance.gpu_costs import gather, publish
 from gateway.ledger.stores import SqliteLedger
-from gateway.ops.gpu_costs import gather, publish
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import Policy
 from tests.inprocess.ledger.test_gpu import T0, A, B, presence, record

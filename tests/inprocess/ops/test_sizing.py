@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from gateway.ledger.gpu import report
-from gateway.ops.sizing import STEP_S, _peaks, cheapest
+from gateway.finance.gpu import report
+from gateway.finance.sizing import STEP_S, _peaks, cheapest
 from gateway.policy.schema import Policy
 from tests.inprocess.ledger.test_gpu import T0, A, B, presence, record
 

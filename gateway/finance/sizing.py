@@ -14,10 +14,12 @@ is a floor (the ledger cannot say how many more would have met it), and the page
 from __future__ import annotations
 
 import math
+from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.ledger.gpu import GpuReport, Rates
+from gateway.finance.gpu import GpuReport, Rates
 from gateway.ops.scaling import ScaleRules, Signals
 from gateway.policy.schema import Policy
 
@@ -53,14 +55,20 @@ def cheapest(report: GpuReport, policy: Policy) -> list[Sizing]:
         workers = [w for w in report.workers.values() if w.pool == name and w.configured]
         if not workers:
             continue
-        start = min(w.configured[0][0] for w in workers)
-        end = max(w.configured[-1][1] for w in workers)
+        start = min(w.configured[0] for w in workers if w.configured)
+        end = max(w.configured[1] for w in workers if w.configured)
         if end <= start:
             continue
         rates = report.rates.get(name) or Rates([])
         capacity = max(1, *(w.peak_running for w in workers))
         slots_per_worker = capacity / spec.autoscaling.kv_out
-        steps = _peaks([r for w in workers for r in report.runs.get(w.worker, [])], start, end)
+        starts, ends = array("d"), array("d")
+        for w in workers:
+            ran = report.runs.get(w.worker)
+            if ran is not None:
+                starts.extend(ran[0])
+                ends.extend(ran[1])
+        steps = _running_peaks(starts, ends, start, end)
         rules = ScaleRules(spec.autoscaling)
         needed_s = cost = 0.0
         for i, peak in enumerate(steps):
@@ -80,12 +88,18 @@ def cheapest(report: GpuReport, policy: Policy) -> list[Sizing]:
 
 
 def _peaks(runs: list[tuple[float, float]], start: float, end: float) -> list[int]:
-    """The most requests running at once in each step of [start, end)."""
+    """The most requests running at once in each step of [start, end), from (start, end) pairs."""
+    return _running_peaks(array("d", (a for a, _ in runs)), array("d", (b for _, b in runs)), start, end)
+
+
+def _running_peaks(starts: array[float], ends: array[float], start: float, end: float) -> list[int]:
+    """The most requests running at once in each step of [start, end) (request i ran [starts[i], ends[i])): the
+    moments in order, an end before a start at the same moment, from the two sorted apart (no object per
+    moment: a month's requests are hundreds of thousands)."""
     steps = [0] * max(1, math.ceil((end - start) / STEP_S))
-    events = sorted([(a, 1) for a, _ in runs] + [(b, -1) for _, b in runs], key=lambda e: (e[0], e[1]))
     running = 0
     last = 0
-    for moment, delta in events:
+    for moment, delta in _moments(sorted(starts), sorted(ends)):
         i = min(len(steps) - 1, max(0, int((moment - start) // STEP_S)))
         for j in range(last + 1, i + 1):  # steps passed with no event hold the running count
             steps[j] = max(steps[j], running)
@@ -95,6 +109,18 @@ def _peaks(runs: list[tuple[float, float]], start: float, end: float) -> list[in
     return steps
 
 
-def _p95(values: list[float]) -> float:
+def _moments(starts: list[float], ends: list[float]) -> Iterator[tuple[float, int]]:
+    """(moment, +1 for a start or -1 for an end), in order of moment, ends first at the same moment."""
+    i = j = 0
+    while i < len(starts) or j < len(ends):
+        if j < len(ends) and (i >= len(starts) or ends[j] <= starts[i]):
+            yield ends[j], -1
+            j += 1
+        else:
+            yield starts[i], 1
+            i += 1
+
+
+def _p95(values: Sequence[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(0.95 * len(ordered)) - 1))]

@@ -9,8 +9,8 @@ A continuous-batching engine (vLLM, and the simulator) runs one step for all its
 so a request's share of a step is its share of the batch: a request that decodes three times the tokens holds
 its place in the batch three times as long and pays three times as much, and prefill, prefix-cache hits and
 waiting inside the engine count as they really took. Token-weighted shares need per-token weights that move
-with the batch size and the prompt length; measured against the engine's own per-request time, this measure
-needs none (loadtest/RESULTS.md, "What the GPUs cost").
+with the batch size and the prompt length; this measure needs none. Why, and how it was checked against the
+engine's own per-request time: docs/decisions/005-gpu-cost-attribution.md.
 
 The rest of the configured time is the worker's **idle** cost, reported as its own row, never spread over
 tenants. Reconciliation is exact by construction: the requests' shares plus idle equal each worker's
@@ -25,7 +25,8 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -33,7 +34,7 @@ from typing import Any
 from gateway.policy.schema import GpuPrice, Pool
 
 GROUPS = ("tenant", "model", "tier", "class", "worker", "tag", "key")
-_COLUMN = {"class": "service_class", "tag": "tags", "key": "key_id"}
+COLUMN = {"class": "service_class", "tag": "tags", "key": "key_id"}
 IDLE = "(idle)"
 
 
@@ -80,8 +81,9 @@ class WorkerHours:
     busy_cost_usd: float = 0.0
     requests: int = 0  # ran here, ending in the period
     peak_running: int = 0  # the most requests seen running on it at once
-    busy: list[tuple[float, float]] = field(default_factory=list)  # [start, end) while anything ran
-    configured: list[tuple[float, float]] = field(default_factory=list)  # [start, end) while it was paid for
+    busy_starts: array[float] = field(default_factory=lambda: array("d"))  # each [start, end) while anything ran,
+    busy_ends: array[float] = field(default_factory=lambda: array("d"))  # in time order
+    configured: tuple[float, float] | None = None  # the first and last moment it was paid for
 
     @property
     def idle_s(self) -> float:
@@ -136,8 +138,8 @@ class GpuReport:
     rows: dict[tuple[Any, ...], Row]
     workers: dict[str, WorkerHours]
     rates: dict[str, Rates]  # by pool
-    runs: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # worker -> each request's span
-    ttft_ms: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # (pool, tier) -> answered TTFTs
+    runs: dict[str, tuple[array[float], array[float]]] = field(default_factory=dict)  # worker -> requests' starts, ends
+    ttft_ms: dict[tuple[str, str], array[float]] = field(default_factory=dict)  # (pool, tier) -> answered TTFTs
 
     def rate_now(self, w: WorkerHours) -> float | None:
         rates = self.rates.get(w.pool or "")
@@ -214,14 +216,61 @@ def union(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
     return merged
 
 
+def _united(spans: Iterable[tuple[float, float]], starts: array[float], ends: array[float]
+            ) -> Iterator[tuple[float, float]]:
+    """``union`` of ``spans`` and the spans [starts[i], ends[i]) (in order, none overlapping), one span at a time:
+    a worker's busy spans are never listed whole."""
+    few = sorted(s for s in spans if s[1] > s[0])
+    i = j = 0
+    now: tuple[float, float] | None = None
+    while i < len(few) or j < len(starts):
+        if j >= len(starts) or (i < len(few) and few[i] <= (starts[j], ends[j])):
+            a, b = few[i]
+            i += 1
+        else:
+            a, b = starts[j], ends[j]
+            j += 1
+            if b <= a:
+                continue
+        if now is not None and a <= now[1]:
+            if b > now[1]:
+                now = (now[0], b)
+        else:
+            if now is not None:
+                yield now
+            now = (a, b)
+    if now is not None:
+        yield now
+
+
 def report(records: Iterable[Mapping[str, Any]], presence: Iterable[Mapping[str, Any]], pools: Mapping[str, Pool],
            start: float, end: float, group_by: Sequence[str]) -> GpuReport:
     """The GPU report for [start, end). ``records`` may include records that end after ``end`` (their part
     before it counts); ``presence`` the spans that overlap the period."""
+    return reports(records, presence, pools, start, end, [group_by])[0]
+
+
+def reports(records: Iterable[Mapping[str, Any]], presence: Iterable[Mapping[str, Any]], pools: Mapping[str, Pool],
+            start: float, end: float, groupings: Sequence[Sequence[str]]) -> list[GpuReport]:
+    """The GPU report for [start, end) once per grouping in ``groupings``, from one pass over ``records`` and one
+    sweep of each worker's busy time: each report's rows hold exactly the figures ``report`` gives that grouping
+    alone (the same shares, added in the same order), and all share one set of workers' hours. ``records`` is
+    read once, as it comes (an iterator of pages is never held whole); a record needs ``time``, ``worker``,
+    ``worker_ms`` (or ``total_ms`` and ``queue_wait_ms``), ``status``, ``tier``, ``ttft_ms``, the token counts,
+    ``cost_usd`` and the grouped columns.
+
+    A month holds hundreds of thousands of requests, and this runs beside the event loop: each request is kept as
+    numbers in arrays (its start, its end, the index of its groups' rows), never as an object of its own, so the
+    interpreter's collector has no per-request objects to walk with the GIL held, and nothing per request is
+    freed at the end (why: docs/decisions/009-finance-reads-off-the-loop.md)."""
     rates = {name: Rates(pool.gpu_usd_per_hour) for name, pool in pools.items()}
     pool_of = {str(url).rstrip("/"): name for name, pool in pools.items() for url in pool.workers}
-    rows: dict[tuple[Any, ...], Row] = {}
-    runs: dict[str, list[tuple[float, float, Row]]] = {}  # worker -> (start, end, its row) of each request
+    tables: list[dict[tuple[Any, ...], Row]] = [{} for _ in groupings]
+    columns = [[COLUMN.get(g, g) for g in group_by] for group_by in groupings]
+    every = [c for cols in columns for c in cols]
+    combos: list[tuple[Row, ...]] = []  # each distinct set of grouped values: its row in each grouping
+    combo_of: dict[tuple[Any, ...], int] = {}
+    runs: dict[str, _Runs] = {}
     workers: dict[str, WorkerHours] = {}
     present: dict[str, list[tuple[float, float]]] = {}
     up: dict[str, list[tuple[float, float]]] = {}
@@ -232,65 +281,111 @@ def report(records: Iterable[Mapping[str, Any]], presence: Iterable[Mapping[str,
         present.setdefault(w, []).append((a, b))
         if span["up"]:
             up.setdefault(w, []).append((a, b))
-    columns = [_COLUMN.get(g, g) for g in group_by]
-    ttft: dict[tuple[str, str], list[float]] = {}
+    ttft: dict[tuple[str, str], array[float]] = {}
     for record in records:
         finished = epoch(record["time"])
         worker = record.get("worker")
         began = finished - span_of(record, finished) if worker else finished
         if finished < start or began >= end:
             continue
-        key = tuple(record.get(c) for c in columns)
-        row = rows.get(key)
-        if row is None:
-            row = rows[key] = Row(key)
+        values = tuple(map(record.get, every))
+        combo = combo_of.get(values)
+        if combo is None:
+            mine, at_ = [], 0
+            for rows, cols in zip(tables, columns, strict=True):
+                key = values[at_:at_ + len(cols)]
+                at_ += len(cols)
+                row = rows.get(key)
+                if row is None:
+                    row = rows[key] = Row(key)
+                mine.append(row)
+            combo = combo_of[values] = len(combos)
+            combos.append(tuple(mine))
         if finished < end:
-            row.requests += 1
-            row.successful += record["status"] < 400
-            row.prompt_tokens += record["prompt_tokens"] or 0
-            row.completion_tokens += record["completion_tokens"] or 0
-            row.list_cost_usd += record["cost_usd"] or 0.0
+            ok = record["status"] < 400
+            prompt, completion = record["prompt_tokens"] or 0, record["completion_tokens"] or 0
+            cost = record["cost_usd"] or 0.0
+            for row in combos[combo]:
+                row.requests += 1
+                row.successful += ok
+                row.prompt_tokens += prompt
+                row.completion_tokens += completion
+                row.list_cost_usd += cost
         if worker:
             hours = workers.get(worker)
             if hours is None:
                 hours = workers[worker] = WorkerHours(worker, pool_of.get(worker))
             hours.requests += finished < end
             if record.get("ttft_ms") is not None and record["status"] < 400 and finished < end:
-                ttft.setdefault((hours.pool or "", record["tier"]), []).append(record["ttft_ms"])
-            runs.setdefault(worker, []).append((max(began, start), min(finished, end), row))
+                ttft.setdefault((hours.pool or "", record["tier"]), array("d")).append(record["ttft_ms"])
+            mine_runs = runs.get(worker)
+            if mine_runs is None:
+                mine_runs = runs[worker] = _Runs()
+            mine_runs.starts.append(max(began, start))
+            mine_runs.ends.append(min(finished, end))
+            mine_runs.combos.append(combo)
     for name, hours in workers.items():
         if hours.pool is None:
             hours.pool = pool_of.get(name)
         pool_rates = rates.get(hours.pool or "") or Rates([])
-        _share(hours, runs.get(name, []), pool_rates)
-        configured = hours.configured = union([*present.get(name, []), *hours.busy])
-        hours.configured_s = math.fsum(b - a for a, b in configured)
-        hours.up_s = math.fsum(b - a for a, b in union([*up.get(name, []), *hours.busy]))
-        hours.cost_usd = math.fsum(pool_rates.cost(a, b) for a, b in configured)
-    return GpuReport(start, end, list(group_by), rows, workers, rates,
-                     {w: [(a, b) for a, b, _ in spans] for w, spans in runs.items()}, ttft)
+        _share(hours, runs.get(name) or _Runs(), combos, pool_rates)
+        lengths, costs = array("d"), array("d")
+        for a, b in _united(present.get(name, []), hours.busy_starts, hours.busy_ends):
+            if hours.configured is None:
+                hours.configured = (a, b)
+            hours.configured = (hours.configured[0], b)
+            lengths.append(b - a)
+            costs.append(pool_rates.cost(a, b))
+        hours.configured_s = math.fsum(lengths)
+        hours.up_s = math.fsum(b - a for a, b in _united(up.get(name, []), hours.busy_starts, hours.busy_ends))
+        hours.cost_usd = math.fsum(costs)
+    spans = {w: (r.starts, r.ends) for w, r in runs.items()}
+    return [GpuReport(start, end, list(group_by), rows, workers, rates, spans, ttft)
+            for group_by, rows in zip(groupings, tables, strict=True)]
 
 
-def _share(hours: WorkerHours, runs: list[tuple[float, float, Row]], rates: Rates) -> None:
+@dataclass(slots=True)
+class _Runs:
+    """A worker's requests as numbers: each one's start and end inside the period, and its groups' rows (an index
+    into ``reports``' combinations)."""
+
+    starts: array[float] = field(default_factory=lambda: array("d"))
+    ends: array[float] = field(default_factory=lambda: array("d"))
+    combos: array[int] = field(default_factory=lambda: array("q"))
+
+
+def _share(hours: WorkerHours, runs: _Runs, combos: list[tuple[Row, ...]], rates: Rates) -> None:
     """One sweep over a worker's request boundaries: ``seconds`` and ``usd`` are the running integrals of 1/n and
-    rate/n over busy time (n requests running), so a request's share is their growth between its start and end."""
-    events: list[tuple[float, int, int]] = []  # (moment, 0 end | 1 start | 2 rate change, index)
-    for i, (a, b, _) in enumerate(runs):
-        if b > a:
-            events.append((a, 1, i))
-            events.append((b, 0, i))
-    if not events:
+    rate/n over busy time (n requests running), so a request's share is their growth between its start and end.
+    The boundaries are taken in order of (moment; ends, then starts, then rate changes; the request's index), from
+    the starts and the ends each sorted by index: no object per boundary."""
+    starts, ends = runs.starts, runs.ends
+    ran = [i for i in range(len(starts)) if ends[i] > starts[i]]
+    if not ran:
         return
-    events.sort()
-    events.extend((moment, 2, -1) for moment in rates.changes(events[0][0], events[-1][0]))
-    events.sort()
+    by_start = sorted(ran, key=starts.__getitem__)  # stable: ties keep the index order
+    by_end = sorted(ran, key=ends.__getitem__)
+    del ran
+    changes = rates.changes(starts[by_start[0]], ends[by_end[-1]])
+    entered_s, entered_usd = array("d", bytes(8 * len(starts))), array("d", bytes(8 * len(starts)))
     seconds = usd = busy = busy_usd = 0.0
-    entered: dict[int, tuple[float, float]] = {}
     running = 0
-    now = events[0][0]
+    now = starts[by_start[0]]
     rate = rates.at(now)
     busy_since = now
-    for moment, kind, i in events:
+    inf = math.inf
+    n_start, n_end, n_change = len(by_start), len(by_end), len(changes)
+    i_start = i_end = i_change = 0
+    while i_start < n_start or i_end < n_end or i_change < n_change:
+        at_end = ends[by_end[i_end]] if i_end < n_end else inf
+        at_start = starts[by_start[i_start]] if i_start < n_start else inf
+        at_change = changes[i_change] if i_change < n_change else inf
+        if at_end <= at_start and at_end <= at_change:
+            moment, kind = at_end, 0
+        elif at_start <= at_change:
+            moment, kind = at_start, 1
+        else:
+            moment, kind = at_change, 2
         if running and moment > now:
             dt = moment - now
             seconds += dt / running
@@ -300,20 +395,25 @@ def _share(hours: WorkerHours, runs: list[tuple[float, float, Row]], rates: Rate
         now = moment
         if kind == 2:
             rate = rates.at(moment)
+            i_change += 1
         elif kind == 1:
+            i = by_start[i_start]
+            i_start += 1
             if running == 0:
                 busy_since = moment
             running += 1
             hours.peak_running = max(hours.peak_running, running)
-            entered[i] = (seconds, usd)
+            entered_s[i], entered_usd[i] = seconds, usd
         else:
-            s0, u0 = entered.pop(i)
-            row = runs[i][2]
-            row.gpu_seconds += seconds - s0
-            row.gpu_cost_usd += usd - u0
+            i = by_end[i_end]
+            i_end += 1
+            for row in combos[runs.combos[i]]:
+                row.gpu_seconds += seconds - entered_s[i]
+                row.gpu_cost_usd += usd - entered_usd[i]
             running -= 1
             if running == 0:
-                hours.busy.append((busy_since, moment))
+                hours.busy_starts.append(busy_since)
+                hours.busy_ends.append(moment)
     hours.busy_s = busy
     hours.busy_cost_usd = busy_usd
 

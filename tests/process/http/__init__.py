@@ -1,0 +1,1 @@
+"""The HTTP API's stores on this machine's PostgreSQL (the in-process part: tests/inprocess/http)."""
