@@ -12,10 +12,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from gateway.cache.index import VectorIndex
 from gateway.cache.keys import CacheKey, cache_key
 from gateway.cache.service import Lookup, SemanticCache
 from gateway.context import RequestContext
 from gateway.ops.metrics import GatewayMetrics
+from gateway.policy.schema import CachePolicy
+
+_SEARCH_ON_LOOP = 4096  # entries in a scope up to which a flat search (under a millisecond) stays on the loop
 
 
 @dataclass(slots=True)
@@ -28,6 +34,7 @@ class CacheDecision:
     lookup: Lookup | None = None
     semantic: asyncio.Task[Lookup] | None = None
     semantic_due: float | None = None  # perf_counter() time the semantic lookup should end; None: it cannot hit
+    settled: bool = False  # settle() has written the outcome: a lookup ending later leaves the context alone
 
     @property
     def hit(self) -> bool:
@@ -47,12 +54,14 @@ async def decide(cache: SemanticCache | None, ctx: RequestContext, body: dict[st
     if cache is None or not spec.enabled or ctx.tenant is None:
         return None
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 0
-    key = cache_key(ctx.endpoint, body, ctx.tenant, ctx.tenant.cache, spec, max_tokens)
+    answers = ctx.tenant.cache_answers(body["model"]) if ctx.tenant.cache_models else ctx.tenant.cache
+    key = cache_key(ctx.endpoint, body, ctx.tenant, answers, spec, max_tokens)
     directive = cache_control.lower()
     decision = CacheDecision(key=None if isinstance(key, str) else key, store=b"no-store" not in directive)
     if isinstance(key, str) or b"no-cache" in directive:
         ctx.cache = "bypass"
-        metrics.child(metrics.cache_bypass, key if isinstance(key, str) else "no-cache").inc()
+        ctx.cache_reason = key if isinstance(key, str) else "no-cache"
+        metrics.child(metrics.cache_bypass, ctx.cache_reason).inc()
         return decision
     started = time.perf_counter()
     found = await cache.lookup_exact(key)
@@ -61,31 +70,63 @@ async def decide(cache: SemanticCache | None, ctx: RequestContext, body: dict[st
     metrics.child(metrics.cache_lookup, found.result).observe(ctx.timings.cache)
     ctx.cache = found.result
     ctx.cache_similarity = found.similarity
+    ctx.cache_reason = found.reason if found.result != "miss" or key.language else None  # nothing to say of ""
     decision.lookup = found
     if found.result == "bypass":
         metrics.child(metrics.cache_bypass, found.reason or "unknown").inc()
-    elif not found.hit and key.semantic:
+    elif found.result == "miss" and key.semantic:  # not a scope the audit turned off ("off")
         expected = cache.expected_semantic_s(key, spec)
         decision.semantic_due = None if expected is None else time.perf_counter() + expected
-        decision.semantic = asyncio.get_running_loop().create_task(cache.lookup_semantic(key, spec))
-        decision.semantic.add_done_callback(_observed(metrics, time.perf_counter()))
+        decision.semantic = asyncio.get_running_loop().create_task(
+            _semantic(cache, key, spec, ctx, decision, metrics))
     return decision
 
 
 def settle(ctx: RequestContext, decision: CacheDecision, semantic: Lookup | None, metrics: GatewayMetrics) -> None:
     """What the request's cache outcome was once its semantic lookup raced the answer: ``semantic`` is that
-    lookup's result if it ended before the answer started, else None (it came late, or the answer came first)."""
+    lookup's result if it ended before the answer ended, else None (it came late)."""
+    decision.settled = True
     if semantic is None:
         metrics.child(metrics.cache_bypass, "late").inc()
         return
-    ctx.cache = semantic.result
-    ctx.cache_similarity = semantic.similarity
+    _show(ctx, semantic)
     if semantic.result == "bypass":
         metrics.child(metrics.cache_bypass, semantic.reason or "unknown").inc()
 
 
-def _observed(metrics: GatewayMetrics, started: float):  # type: ignore[no-untyped-def]
-    def done(task: asyncio.Task[Lookup]) -> None:
-        if not task.cancelled():
-            metrics.child(metrics.cache_semantic, task.result().result).observe(time.perf_counter() - started)
-    return done
+def _show(ctx: RequestContext, found: Lookup) -> None:
+    ctx.cache = found.result
+    ctx.cache_similarity = found.similarity
+    ctx.cache_reason = found.reason
+    if found.hit or found.result != "miss":
+        ctx.cache_nearest = None
+
+
+async def _semantic(cache: SemanticCache, key: CacheKey, spec: CachePolicy, ctx: RequestContext,
+                    decision: CacheDecision, metrics: GatewayMetrics) -> Lookup:
+    """The semantic lookup, timed. A lookup that did not hit is put on the context as soon as it is known, with a
+    miss's nearest similarity (in the key's scope, which is the tenant's own), so that the answer's headers say it
+    if they are written after; ``settle`` writes the same once the answer is over, and a lookup that ends after
+    that leaves the context alone. A hit is left to ``settle``, which serves it."""
+    started = time.perf_counter()
+    found = await cache.lookup_semantic(key, spec)
+    metrics.child(metrics.cache_semantic, found.result).observe(time.perf_counter() - started)
+    if not found.hit and not decision.settled:
+        nearest = None
+        if found.result == "miss" and found.vector is not None:
+            nearest = await _nearest(cache.index, key.scope, found.vector)
+        if not decision.settled:
+            _show(ctx, found)
+            ctx.cache_nearest = nearest
+    return found
+
+
+async def _nearest(index: VectorIndex | None, scope: str, vector: np.ndarray) -> float | None:
+    """The best cosine in ``scope`` (None: it holds nothing); a large scope is searched off the event loop."""
+    if index is None or not index.size(scope):
+        return None
+    if index.size(scope) > _SEARCH_ON_LOOP:
+        best = await asyncio.to_thread(index.search, scope, vector, 1)
+    else:
+        best = index.search(scope, vector, 1)
+    return best[0][1] if best else None

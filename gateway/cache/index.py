@@ -28,7 +28,7 @@ VECTOR_OVERHEAD = 1024
 class _Scope:
     dim: int
     flat: bool = True
-    index: faiss.Index | None = None
+    index: faiss.Index = field(init=False)
     vectors: dict[int, np.ndarray] = field(default_factory=dict)
     tombstones: set[int] = field(default_factory=set)
 
@@ -97,7 +97,8 @@ class VectorIndex:
         s = self.scopes[scope]
         s.vectors.pop(fid, None)
         if s.flat:
-            s.index.remove_ids(np.array([fid], dtype=np.int64))
+            # faiss's stub takes an IDSelector only; its Python wrapper makes one of an id array
+            s.index.remove_ids(np.array([fid], dtype=np.int64))  # type: ignore[arg-type]
         else:
             s.tombstones.add(fid)
             if len(s.tombstones) > 0.25 * max(len(s.vectors), 1):
@@ -126,6 +127,7 @@ class VectorIndex:
     def _rebuild(self, s: _Scope, hnsw: bool) -> None:
         fids = np.array(list(s.vectors), dtype=np.int64)
         matrix = np.stack([s.vectors[f] for f in fids]) if len(fids) else np.zeros((0, self.dim), np.float32)
+        inner: faiss.Index
         if hnsw:
             inner = faiss.IndexHNSWFlat(self.dim, 32, faiss.METRIC_INNER_PRODUCT)
             inner.hnsw.efSearch = 64

@@ -4,6 +4,10 @@ endpoint) hashed into a scope and an exact key, and the lookup text's language.
 The scope holds everything that must match before two answers are interchangeable: tenant, model,
 system prompt, and the sampling parameters that change an answer. Nothing is ever looked up across
 scopes, so one tenant never sees another's answers, nor an answer written for another system prompt.
+
+Which requests may be cached is the tenant's cacheability (``TenantView.cache_answers``): ``any_temperature``
+caches a request whatever its temperature, which then stays out of the scope (one answer per question);
+``low_temperature`` only one at most ``cache.max_temperature``, under its temperature's tenth; ``off`` none.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import orjson
 
 from gateway.endpoints.base import Endpoint
 from gateway.policy.loader import TenantView
-from gateway.policy.schema import CachePolicy
+from gateway.policy.schema import CacheAnswers, CachePolicy
 
 _HANGUL = re.compile(r"[\uac00-\ud7a3\u1100-\u11ff\u3130-\u318f]")
 _CJK = re.compile(r"[\u3040-\u30ff\u4e00-\u9fff]")
@@ -63,18 +67,33 @@ def detect_language(text: str) -> str:
     return best if scores[best] > scores["en"] else "en"
 
 
-def cache_key(endpoint: Endpoint, body: dict[str, Any], tenant: TenantView, tenant_opted_in: bool,
+def temperature_bucket(value: float) -> str:
+    """The tenth a temperature falls in (0 apart): requests in one bucket share a scope."""
+    return "0" if value == 0 else f"<={min(2.0, (int(value * 10) + 1) / 10):.1f}"
+
+
+def cache_key(endpoint: Endpoint, body: dict[str, Any], tenant: TenantView, answers: CacheAnswers | bool,
               spec: CachePolicy, max_tokens: int) -> CacheKey | str:
-    """The key for this request, or the reason it is not cached (a bypass). The request's API reads the question
-    from the body (``Endpoint.question``); the scope and the exact key are its hashes, under the tenant, the
-    model and the API's name."""
-    if not tenant_opted_in:
+    """The key for this request, or the reason it is not cached (a bypass). ``answers``: the tenant's
+    cacheability for the body's model (``TenantView.cache_answers``; True reads as low_temperature, False as
+    off). The request's API reads the question from the body (``Endpoint.question``); the scope and the exact key
+    are its hashes, under the tenant, the model and the API's name."""
+    if answers is True:
+        answers = "low_temperature"
+    if answers is False or answers == "off":
         return "tenant_opt_out"
+    if answers == "low_temperature" and endpoint.samples:  # before the question is read: a hot one costs no parse
+        sent = body.get("temperature")
+        if (spec.default_temperature if sent is None else sent) > spec.max_temperature:
+            return "temperature"
     question = endpoint.question(body, spec)
     if isinstance(question, str):
         return question
+    params = question.params
+    if question.temperature is not None and answers == "low_temperature":
+        params = {**params, "temperature": temperature_bucket(question.temperature)}
     # the embedder's name too: vectors of two models are not comparable, and a policy that changes it starts afresh
-    doc: dict[str, Any] = {"t": tenant.name, "m": body["model"], "e": endpoint.name, "p": question.params,
+    doc: dict[str, Any] = {"t": tenant.name, "m": body["model"], "e": endpoint.name, "p": params,
                            "v": spec.embedder.name}
     if question.system is not None:
         doc["s"] = question.system

@@ -357,16 +357,6 @@ QUANTIFIERS = {
     "대부분": "most", "대다수": "most",
 }
 
-# Direction by position: what follows "from" is where something leaves, what follows "to" where it arrives.
-SOURCE_PREPOSITIONS = {"from"}
-DESTINATION_PREPOSITIONS = {"to", "into", "onto", "toward", "towards"}
-# Words that end a noun phrase (prepositions, conjunctions, question and clause words).
-PHRASE_END = {
-    "in", "at", "from", "to", "into", "onto", "toward", "towards", "near", "for", "of", "about", "on", "between",
-    "vs", "versus", "with", "without", "using", "via", "by", "through", "across", "over", "under", "after",
-    "before", "and", "or", "but", "so", "because", "while", "when", "where", "how", "what", "which", "why", "if",
-    "then", "than", "is", "are", "was", "were", "do", "does", "did", "can", "could", "should", "would", "will",
-}
 # "to" after these words starts a verb ("how to copy", "want to move"), not a destination.
 INFINITIVE_CUES = {
     "how", "want", "wants", "wanted", "need", "needs", "way", "ways", "able", "try", "trying", "tried", "have", "has",

@@ -16,8 +16,9 @@ import collections
 import dataclasses
 import logging
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from gateway.endpoints.base import Endpoint
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import CachePolicy
 
+T = TypeVar("T")
 log = logging.getLogger("tollgate.cache")
 _PENDING_MAX = 1000
 _QUIET_S = 1.0  # stored answers are embedded only after lookups have paused this long
@@ -45,7 +47,10 @@ _AUDIT_CHARS = 400
 
 @dataclass(slots=True)
 class Lookup:
-    result: str  # hit-exact | hit-semantic | miss | bypass
+    """What a cache lookup found. ``result``: hit-exact | hit-semantic | miss | bypass | off, where ``off`` means
+    the exact layer missed and the audit turned this scope's semantic layer off (``reason`` "audit")."""
+
+    result: str
     entry: Entry | None = None
     similarity: float | None = None
     vector: np.ndarray | None = None
@@ -108,7 +113,7 @@ class SemanticCache:
 
     # -- the store, guarded -----------------------------------------------------------------------------
 
-    async def _guarded(self, call):  # type: ignore[no-untyped-def]
+    async def _guarded(self, call: Coroutine[Any, Any, T]) -> T:
         if time.monotonic() < self._down_until:
             call.close()
             raise StoreUnavailable("recently unreachable")
@@ -154,6 +159,8 @@ class SemanticCache:
             return Lookup("hit-exact", entry, 1.0)
         if not key.semantic:
             return Lookup("miss", reason=f"language:{key.language}")
+        if self.audits.off(key.scope):
+            return Lookup("off", reason="audit")
         return Lookup("miss")
 
     async def lookup_semantic(self, key: CacheKey, spec: CachePolicy) -> Lookup:
@@ -193,7 +200,7 @@ class SemanticCache:
         assert self.index is not None and self.embedder is not None
         threshold = self.threshold(key, spec)
         if threshold is None:
-            return Lookup("bypass", reason="audit_off")
+            return Lookup("off", reason="audit")
         self._last_semantic_lookup = time.monotonic()
         if self.embedder.expected_wait_s() > spec.lookup_timeout_ms / 1000 * 0.8:
             # Shed the cache's own work first: under a burst the vector would come after the answer anyway;
@@ -253,16 +260,17 @@ class SemanticCache:
         b = await self.embedder.embed(fresh[:_AUDIT_CHARS], embedders.BACKGROUND)
         return float(np.dot(a, b))
 
-    async def audited(self, sample: Sample, agreed: bool, stale: bool, spec: CachePolicy) -> Verdict:
-        """Count one audit; a disagreement purges the entry that was served."""
-        verdict = self.audits.judge(sample, agreed, spec.threshold, spec.audit, stale)
+    async def audited(self, sample: Sample, agreed: bool, stale: bool, spec: CachePolicy,
+                      inconclusive: bool = False) -> Verdict:
+        """Count one audit; a wrong or stale entry is purged (an inconclusive audit keeps it)."""
+        verdict = self.audits.judge(sample, agreed, spec.threshold, spec.audit, stale, inconclusive)
         state = self.audits.scopes[sample.scope]
         labels = (sample.tenant, sample.model, sample.scope[:16])
         self.metrics.child(self.metrics.cache_audits, sample.tenant, sample.model, verdict.value).inc()
         self.metrics.child(self.metrics.cache_audit_upper, *labels).set(state.upper_bound(spec.audit.confidence))
         self.metrics.child(self.metrics.cache_audit_threshold, *labels).set(
             self.audits.threshold(sample.scope, spec.threshold) or 1.0)
-        if not agreed:
+        if not agreed and not inconclusive:
             try:
                 await self.purge(entry_id=sample.entry_id)
             except StoreUnavailable:
@@ -390,7 +398,7 @@ class SemanticCache:
                     return
         self._count_held()
 
-    def _background(self, coro) -> None:  # type: ignore[no-untyped-def]
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(_forget(self._tasks))
@@ -433,9 +441,9 @@ class SemanticCache:
                         if op == "del":
                             self.index.remove(entry_id)
                         elif entry_id not in self.index:
-                            entry = await self.store.get(entry_id)
-                            if entry is not None and entry.vector is not None:
-                                self.index.add(entry.id, entry.scope, entry.vector, entry.expires, entry.tenant,
+                            added = await self.store.get(entry_id)
+                            if added is not None and added.vector is not None:
+                                self.index.add(added.id, added.scope, added.vector, added.expires, added.tenant,
                                                self.spec.max_tenant_bytes, self.spec.max_bytes)
                     if events:
                         self.metrics.cache_entries.set(len(self.index))
@@ -447,7 +455,7 @@ class SemanticCache:
                 await asyncio.sleep(1.0)
 
 
-def _forget(tasks: set[asyncio.Task[None]]):  # type: ignore[no-untyped-def]
+def _forget(tasks: set[asyncio.Task[None]]) -> Callable[[asyncio.Task[None]], None]:
     def done(task: asyncio.Task[None]) -> None:
         tasks.discard(task)
         if not task.cancelled() and task.exception() is not None and not isinstance(task.exception(),

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
@@ -21,6 +21,8 @@ from gateway.cache.bounds import Footprint
 from gateway.policy.schema import CachePolicy
 
 if TYPE_CHECKING:
+    from redis.typing import EncodableT, FieldT
+
     from gateway.state import SharedState
 
 # An Entry with its ids, keys and numbers, and its places in the exact map and the LRUs (tracemalloc: 0.86 KB).
@@ -53,8 +55,8 @@ class Entry:
         vector = 0 if self.vector is None else 3 * self.vector.nbytes
         return ENTRY_OVERHEAD + sys.getsizeof(self.answer) + sys.getsizeof(self.question) + vector
 
-    def to_redis(self) -> dict[str, bytes | str]:
-        out: dict[str, bytes | str] = {k: str(v) for k, v in self.__dict__.items() if k != "vector"}
+    def to_redis(self) -> dict[FieldT, EncodableT]:
+        out: dict[FieldT, EncodableT] = {k: str(v) for k, v in self.__dict__.items() if k != "vector"}
         if self.vector is not None:
             out["vector"] = self.vector.astype(np.float32).tobytes()
         return out
@@ -77,7 +79,11 @@ class StoreUnavailable(Exception):
 
 class CacheStore(Protocol):
     shared: bool
-    held: int  # bytes of entries kept in this process
+
+    @property
+    def held(self) -> int:
+        """Bytes of entries kept in this process."""
+
 
     async def get(self, entry_id: str) -> Entry | None: ...
     async def get_exact(self, exact: str) -> Entry | None: ...
@@ -157,6 +163,13 @@ class MemoryStore:
 
     async def close(self) -> None:
         return None
+
+
+# The replies of the process's Redis client (gateway.state: no decode_responses, RESP2) as they come: bytes, and a
+# stream read as [(stream, [(id, fields)])]. redis-py types each command for every mode a client can be in, so what
+# this client reads is cast to what it gets.
+_Hash = dict[bytes, bytes]
+_StreamRead = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]
 
 
 class RedisStore:
@@ -255,7 +268,7 @@ class RedisStore:
     async def scan(self) -> AsyncIterator[Entry]:
         try:
             async for key in self.redis.scan_iter(match=f"{self.prefix}e:*", count=500):
-                data = await self.redis.hgetall(key)
+                data = cast(_Hash, await self.redis.hgetall(key))
                 if data:
                     entry = Entry.from_redis(data)
                     if entry.alive(self.clock()):
@@ -269,7 +282,8 @@ class RedisStore:
 
     async def events(self, cursor: str, block_ms: int) -> tuple[list[tuple[str, str]], str]:
         try:
-            reply = await self.redis.xread({self.stream: cursor}, block=min(block_ms, self._block_ms), count=500)
+            reply = cast("_StreamRead | None",
+                         await self.redis.xread({self.stream: cursor}, block=min(block_ms, self._block_ms), count=500))
         except self._errors as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
         out = []

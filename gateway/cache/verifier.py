@@ -1,14 +1,15 @@
 """The near-miss verifier: between "cosine >= threshold" and "serve".
 
 Embeddings place "convert km to miles" and "convert miles to km" at cosine 0.99: the words are the same,
-the answer is not. This check compares what changes an answer (numbers, units and their order,
-negation, which phrase is the source and which the destination, quantifiers, polar words, times,
-comparatives, named entities, and any small substitution of a content word) and names the first difference
-it finds. It is plain Python on two short strings: measured here, ~140 us to read a new question (English or
-Korean) and under 10 us a pair once both are read (``features`` is cached).
+the answer is not. This check compares what changes an answer (numbers, units and their order, negation,
+quantifiers, polar words, times, comparatives, named entities, who does what to what (gateway.cache.roles:
+parties swapped, a direction turned around, an action against its opposite), and any small substitution of a
+content word) and names the first difference it finds. Features and frames are cached per text.
 
-Korean is read by its morphology (see the Korean section below): on multilingual-e5 Korean paraphrases and
-must-miss pairs both score near 0.97, so these rules, not the threshold, decide.
+Korean is read by its morphology (see the Korean section below, and gateway.cache.roles for the analyser's
+roles): on multilingual-e5 Korean paraphrases and must-miss pairs both score near 0.97, so these rules, not the
+threshold, decide. Until the Korean analyser has loaded, a Korean pair checked on an event loop's thread is
+refused ("unread"); the analyser never loads there.
 """
 
 from __future__ import annotations
@@ -25,10 +26,8 @@ from gateway.cache.lexicon import (
     ANTONYMS,
     COMMON_STARTERS,
     COMPARATIVES,
-    DESTINATION_PREPOSITIONS,
     EST_NOT_SUPERLATIVE,
     FILLER,
-    INFINITIVE_CUES,
     KO_B_IRREGULAR,
     KO_BOUNDS,
     KO_COUNTERS,
@@ -53,16 +52,15 @@ from gateway.cache.lexicon import (
     NEGATIONS,
     NUMBER_WORDS,
     OPPOSITE,
-    PHRASE_END,
     PLACES,
     POLAR,
     QUANTIFIERS,
-    SOURCE_PREPOSITIONS,
     SYNONYM_OF,
     TIME_WORDS,
     UNIT_NEEDS_NUMBER,
     UNIT_OF,
 )
+from gateway.cache.roles import conflict, frame
 
 _TOKEN = re.compile(r"°[cfk](?![a-z])|[0-9]+(?:[.,][0-9]+)*|[a-z]+(?:'[a-z]+)?|[\uac00-\ud7a3]+|[°℃℉$€£¥₩%]|[a-z]")
 _PREPOSITIONS = {"in", "at", "from", "to", "near", "for", "of", "about", "into", "on", "between", "vs", "versus"}
@@ -78,7 +76,6 @@ class Features:
     times: frozenset[str]
     comparatives: frozenset[str]
     entities: frozenset[str]
-    roles: frozenset[tuple[str, str]]  # (word, role) from Korean particles
     compact: str  # the text without spaces or punctuation (띄어쓰기 varies freely)
 
 
@@ -101,10 +98,7 @@ _POLAR_ALL = POLAR | {p for pair in ANTONYMS for p in pair if " " in p}
 def features(text: str) -> Features:
     """Answer-changing features of a question (cached: the same candidate is checked many times)."""
     normal = _normalise(text)
-    if any(_hangul(ch) for ch in normal):
-        tokens, roles = _ko_tokens(normal)
-    else:
-        tokens, roles = tuple(_TOKEN.findall(normal)), frozenset()
+    tokens = _ko_tokens(normal) if any(_hangul(ch) for ch in normal) else tuple(_TOKEN.findall(normal))
     numbers, units = [], []
     for i, tok in enumerate(tokens):
         if tok[0].isdigit():
@@ -132,7 +126,7 @@ def features(text: str) -> Features:
         t for i, t in enumerate(tokens) if t in KO_BOUNDS and any(p[0].isdigit() for p in tokens[max(0, i - 3): i]))
     compact = _compact(text)
     return Features(tokens, tuple(numbers), tuple(units), negations, polar, times, comparatives,
-                    _entities(text, tokens, compact), roles, compact)
+                    _entities(text, tokens, compact), compact)
 
 
 def _compact(text: str) -> str:
@@ -227,20 +221,19 @@ def verify(query: str, candidate: str) -> str | None:
         return "comparative"
     if any(not _mentions(c, e) for e in q.entities) or any(not _mentions(q, e) for e in c.entities):
         return "entity"
-    if _ko_roles_swapped(q.roles, c.roles, frozenset(q.tokens), frozenset(c.tokens)):
-        return "direction"
+    korean = any(_hangul(ch) for ch in q.compact + c.compact)
+    if short or korean:  # who does what to what (gateway.cache.roles); on passages voice moves phrases
+        clash = conflict(frame(query), frame(candidate))
+        if clash is not None:
+            return clash
     if not short:
         return None
     # Question-length text: one word carries the meaning, so wording changes are checked too. (On passages,
     # rewrites move phrases between active and passive voice, which reads as a swap.)
-    if _roles_swapped(q.tokens, c.tokens):
-        return "direction"
     if _quantifiers_differ(q, c):
         return "quantifier"
     if _preposition_object_swap(q.tokens, c.tokens):
         return "entity"
-    if _operands_swapped(q.tokens, c.tokens, q.entities | c.entities, any(_roles(q.tokens)) and any(_roles(c.tokens))):
-        return "direction"
     if _small_substitution(q.tokens, c.tokens):
         return "substitution"
     return None
@@ -273,32 +266,6 @@ def _preposition_object_swap(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
 
 _SHORT = 20  # tokens: a question rather than a passage
 
-_DIRECTIONAL = {"to", "into", "from", "than", "vs", "versus", "over", "per"}
-
-
-def _operands_swapped(a: tuple[str, ...], b: tuple[str, ...], entities: frozenset[str], roles_known: bool) -> bool:
-    """'X to Y' vs 'Y to X', 'A faster than B' vs 'B faster than A': the same words, the other direction."""
-    def pairs(tokens: tuple[str, ...]) -> set[tuple[str, str, str]]:
-        content = [t for t in tokens if t not in FILLER or t in _DIRECTIONAL]
-        out = set()
-        for i, tok in enumerate(content):
-            if tok in _DIRECTIONAL and 0 < i < len(content) - 1:
-                before = [t for t in content[:i] if t not in _DIRECTIONAL and t not in COMPARATIVES]
-                if before:
-                    out.add((before[-1], tok, content[i + 1]))
-        return out
-    pa, pb = pairs(a), pairs(b)
-    if any((y, p, x) in pb for x, p, y in pa if x != y):
-        return True
-    # the order in which the named things appear, where the question has a direction and the phrases' roles
-    # did not settle it ("from London to Paris" / "to Paris from London": roles on both sides, none swapped)
-    if _DIRECTIONAL & set(a) and _DIRECTIONAL & set(b) and not roles_known:
-        order_a = [t for t in a if t in entities]
-        order_b = [t for t in b if t in entities]
-        return sorted(order_a) == sorted(order_b) and len(set(order_a)) > 1 and order_a != order_b
-    return False
-
-
 def _quantifiers_differ(a: Features, b: Features) -> bool:
     """Both quantify, differently: any/some vs every/all/each vs none/no vs most. Under a negation ("does not
     mention any" = "mentions none") the classes shift, and the negation check has compared that already."""
@@ -312,45 +279,6 @@ def _quantifier_classes(tokens: tuple[str, ...]) -> set[str]:
     """Idioms that only look quantified ("at all", "after all") do not count."""
     return {QUANTIFIERS[t] for i, t in enumerate(tokens)
             if t in QUANTIFIERS and not (t == "all" and i and tokens[i - 1] in ("at", "after"))}
-
-
-def _canon(word: str) -> str:
-    return word[:-1] if word.endswith("s") and len(word) > 3 and not word.endswith("ss") else word
-
-
-def _roles(tokens: tuple[str, ...]) -> tuple[set[str], set[str]]:
-    """Content words where something comes from (after "from", or the object right before "to") and where it
-    goes (after "to", "into" ...). Each phrase runs to the next preposition, conjunction or clause word."""
-    source: set[str] = set()
-    destination: set[str] = set()
-    for i, token in enumerate(tokens):
-        if token in SOURCE_PREPOSITIONS:
-            role = source
-        elif token in DESTINATION_PREPOSITIONS and not (i == 0 or tokens[i - 1] in INFINITIVE_CUES):
-            role = destination
-            for before in reversed(tokens[:i]):  # the thing that moves: "copy the unix timestamp | to ..."
-                if before in PHRASE_END:
-                    break
-                if before not in FILLER:
-                    source.add(_canon(before))
-        else:
-            continue
-        for after in tokens[i + 1:]:
-            if after in PHRASE_END:
-                break
-            if after not in FILLER:
-                role.add(_canon(after))
-    return source, destination
-
-
-def _roles_swapped(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-    """A phrase is where something goes in one question and where it comes from in the other ("from my laptop
-    to a remote server" / "from a remote server to my laptop"). Words in both roles on one side prove nothing."""
-    source_a, destination_a = _roles(a)
-    source_b, destination_b = _roles(b)
-    moved = (destination_a & source_b) - source_a - destination_b
-    moved_back = (source_a & destination_b) - destination_a - source_b
-    return bool(moved or moved_back)
 
 
 def _small_substitution(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
@@ -375,8 +303,9 @@ def _small_substitution(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
 
 # --- Korean ------------------------------------------------------------------------------------------------------
 # A Korean word (어절) is a stem with endings and particles glued on. Each is read as: its negation (안/못/-지 않다/
-# 없다/아니다/-지 마), its particle and the role it gives (에서/으로/을/이 ...), a numeral with its counter, a polar
-# verb's stem (팝니다 -> 팔다), or else the stem left when the endings are stripped (해결합니까 -> 해결).
+# 없다/아니다/-지 마), its particle (에서/으로/을/이 ...; the roles they give are gateway.cache.roles'), a
+# numeral with its counter, a polar verb's stem (팝니다 -> 팔다), or else the stem left when the endings are
+# stripped (해결합니까 -> 해결).
 
 def _hangul(ch: str) -> bool:
     return "\uac00" <= ch <= "\ud7a3"
@@ -586,51 +515,48 @@ def _ko_number(word: str, following: str) -> tuple[str, str] | None:
     return None
 
 
-def _ko_words(word: str, previous: str, following: str, numbered: bool) -> tuple[list[str], str | None, bool]:
-    """One Korean word as tokens, with the role its particle gives and whether it says "only"."""
+def _ko_words(word: str, previous: str, following: str, numbered: bool) -> tuple[list[str], bool]:
+    """One Korean word as tokens, and whether it says "only"."""
     if word in ("안", "못") or word.startswith(("않", "없", *_KO_NEG_PREFIX, *_KO_MOT, *_KO_ANI)):
-        return ["not"], None, False
+        return ["not"], False
     if word in _KO_MAL and previous.endswith("지"):
-        return ["not"], None, False
+        return ["not"], False
     for marker in ("지않", "지못", "지마", "지말", "지맙", "없"):
         at = word.find(marker, 1)
         if at > 0:
             head = word[: at + 1] if marker.startswith("지") else word[:at]
-            tokens, role, only = _ko_words(head, previous, "", numbered)
-            return [*tokens, "not"], role, only
-    stem, particle, only = (word, None, False) if word in _KO_KNOWN else _strip_particle(word)
-    role = KO_PARTICLES[particle][0] if particle else None
+            tokens, only = _ko_words(head, previous, "", numbered)
+            return [*tokens, "not"], only
+    stem, _, only = (word, None, False) if word in _KO_KNOWN else _strip_particle(word)
     if stem in KO_LOANWORDS:
-        return [KO_LOANWORDS[stem]], role, only
+        return [KO_LOANWORDS[stem]], only
     for size in range(len(stem) - 1, 1, -1):  # 파이썬설치 -> python + 설치
         if stem[:size] in KO_LOANWORDS:
-            rest, _, _ = _ko_words(stem[size:], "", following, False)
-            return [KO_LOANWORDS[stem[:size]], *rest], role, only
+            after, _ = _ko_words(stem[size:], "", following, False)
+            return [KO_LOANWORDS[stem[:size]], *after], only
     whole = None if numbered and _counter(word) else _ko_number(word, following)
     if whole is not None:  # 이십만 is a number, not 이십 + 만 ("only")
-        stem, role, only = word, None, False
+        stem, only = word, False
     number = whole or (None if numbered and _counter(word) else _ko_number(stem, following))
     if number is not None:
         digits, rest = number
-        return [digits, *([_ko_stem(rest)] if rest else [])], role, only
+        return [digits, *([_ko_stem(rest)] if rest else [])], only
     for prefix, canonical in KO_TIME_PREFIXES.items():
         if stem.startswith(prefix) and stem[len(prefix):] in KO_TIME_PERIODS:
-            return [canonical + stem[len(prefix):]], role, only
+            return [canonical + stem[len(prefix):]], only
     for size in range(len(stem) - 1, 1, -1):  # 오늘밤 -> 오늘 밤
         if stem[:size] in TIME_WORDS and stem[size:] in TIME_WORDS:
-            return [stem[:size], stem[size:]], role, only
+            return [stem[:size], stem[size:]], only
     verb = None if numbered or stem in _KO_KNOWN else (_ko_verb(stem) or _ko_verb(word))
     if verb is not None:
-        return [verb], role, only
-    return [_ko_stem(stem)], role, only
+        return [verb], only
+    return [_ko_stem(stem)], only
 
 
-def _ko_tokens(text: str) -> tuple[tuple[str, ...], frozenset[tuple[str, str]]]:
-    """Tokens of a normalised text with its Korean words read (see _ko_words), and the (word, role) pairs particles
-    give: 원을 달러로 -> (원, object), (usd, destination)."""
+def _ko_tokens(text: str) -> tuple[str, ...]:
+    """Tokens of a normalised text with its Korean words read (see _ko_words)."""
     raw = [(m.group(), m.start(), m.end()) for m in _TOKEN.finditer(text)]
     tokens: list[str] = []
-    roles: set[tuple[str, str]] = set()
     for i, (word, start, _) in enumerate(raw):
         if not _hangul(word[0]):
             tokens.append(word)
@@ -648,19 +574,12 @@ def _ko_tokens(text: str) -> tuple[tuple[str, ...], frozenset[tuple[str, str]]]:
                 if not word:
                     continue
         if glued and word in KO_PARTICLES:  # Java에서, String을
-            role = KO_PARTICLES[word][0]
-            if role and tokens:
-                roles.add((tokens[-1], role))
             if "만" in word:
                 tokens.append("~만")
             continue
         following = raw[i + 1][0] if i + 1 < len(raw) else ""
         numbered = bool(tokens) and tokens[-1][0].isdigit()
-        out, role, only = _ko_words(word, previous, following, numbered)
-        if role:
-            roles.update((t, role) for t in out[-1:] if t != "not")
-            if glued and previous.isalpha():  # A팀이 B팀을: the Latin part names which one
-                roles.add((tokens[-1], role))
+        out, only = _ko_words(word, previous, following, numbered)
         tokens.extend(out)
         if only:
             tokens.append("~만")
@@ -670,29 +589,5 @@ def _ko_tokens(text: str) -> tuple[tuple[str, ...], frozenset[tuple[str, str]]]:
             merged[-1] = KO_TIME_PREFIXES[merged[-1]] + token
         else:
             merged.append(token)
-    return tuple(merged), frozenset(roles)
+    return tuple(merged)
 
-
-def _ko_roles_swapped(a: frozenset[tuple[str, str]], b: frozenset[tuple[str, str]],
-                      words_a: frozenset[str], words_b: frozenset[str]) -> bool:
-    """Two shared words trade places: a word has one role in one question and another in the other (원을 달러로 /
-    달러를 원으로, 철수가 영희에게 / 영희가 철수에게), or the word in a role is replaced there by another word both
-    questions use (파이썬 코드를 자바로 / 자바 코드를 파이썬으로). A word with several roles on one side proves
-    nothing."""
-    roles_a: dict[str, set[str]] = {}
-    roles_b: dict[str, set[str]] = {}
-    for word, role in a:
-        roles_a.setdefault(word, set()).add(role)
-    for word, role in b:
-        roles_b.setdefault(word, set()).add(role)
-    for word in roles_a.keys() & roles_b.keys():
-        if word not in FILLER and not roles_a[word] & roles_b[word]:
-            return True
-    for mine, theirs, other_words in ((roles_a, roles_b, words_b), (roles_b, roles_a, words_a)):
-        for word, roles in mine.items():
-            if word in FILLER or word not in other_words or word in theirs:
-                continue
-            if any(role in theirs.get(other, ()) and other not in mine and other != word
-                   for other in theirs for role in roles if role in ("source", "destination", "than")):
-                return True
-    return False

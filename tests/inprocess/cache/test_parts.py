@@ -1,5 +1,5 @@
-"""Cache building blocks: verifier reasons, keys and scopes, language detection, index, stores (real Redis),
-and the quality report on the real model."""
+"""Cache building blocks: verifier reasons, keys and scopes, language detection, index, stores (the Redis one on
+a real Redis: tests/process/cache/test_parts.py), and the quality report on the real model."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-import redis
 
-from gateway.cache.evaluate import GPTCACHE, PAIRS, PAIRS_KO, gptcache, pairs
 from gateway.cache.index import VectorIndex
 from gateway.cache.keys import CacheKey, cache_key, detect_language
 from gateway.cache.replay import json_body
@@ -22,6 +20,7 @@ from gateway.endpoints import CHAT, COMPLETIONS, EMBEDDINGS
 from gateway.policy.loader import TenantView
 from gateway.policy.schema import CachePolicy, StatePolicy
 from gateway.state import SharedState
+from loadtest.benchmarks.cache.cache_eval import GPTCACHE, PAIRS, PAIRS_KO, gptcache, pairs
 from tests.fakes import HandClock
 
 TENANT = TenantView("acme", "standard", None, 512, 4096, "clamp")
@@ -160,12 +159,9 @@ def clock() -> HandClock:
     return HandClock()
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory"])  # tests/process/cache/test_parts.py runs the store's tests on Redis too
 def store(request: pytest.FixtureRequest, clock: HandClock) -> Any:
-    if request.param == "memory":
-        return MemoryStore(clock)
-    redis.Redis(db=15).flushdb()
-    return RedisStore(_state("redis://127.0.0.1:6379/15"), clock)
+    return MemoryStore(clock)
 
 
 def test_store_lru_ttl_exact_and_events(store: Any, clock: HandClock) -> None:

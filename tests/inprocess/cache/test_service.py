@@ -1,5 +1,6 @@
 """The cache service's failure rules in-process: it sheds its own work under load, an outage of its store
-loses nothing and duplicates nothing, and what it holds is bounded in bytes per tenant and in total."""
+loses nothing and duplicates nothing, and what it holds is bounded in bytes per tenant and in total. (On Redis:
+tests/process/cache/test_service.py.)"""
 
 from __future__ import annotations
 
@@ -7,19 +8,17 @@ import asyncio
 
 import numpy as np
 import orjson
-import redis
 from aiohttp import web
 
 from gateway.cache.keys import CacheKey, cache_key
-from gateway.cache.service import Lookup, SemanticCache
-from gateway.cache.store import Entry, MemoryStore, RedisStore, StoreUnavailable
+from gateway.cache.service import SemanticCache
+from gateway.cache.store import Entry, MemoryStore, StoreUnavailable
 from gateway.endpoints import CHAT, EMBEDDINGS
 from gateway.fleet.observe import scrape
 from gateway.fleet.worker import Worker
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.loader import TenantView
-from gateway.policy.schema import CachePolicy, StatePolicy
-from gateway.state import SharedState
+from gateway.policy.schema import CachePolicy
 from gateway.transport.http1 import Client
 from tests.fakes import chunk, usage_event
 
@@ -266,27 +265,18 @@ def test_writes_held_while_the_store_is_down_are_bounded_in_bytes() -> None:
     asyncio.run(main())
 
 
-def test_on_redis_the_entry_cap_holds_before_writing_and_each_replica_index_is_bounded() -> None:
+def test_a_scope_the_audit_turned_off_answers_off_with_its_reason_in_both_layers() -> None:
     async def main() -> None:
-        redis.Redis(db=15).flushdb()
-        store = RedisStore(SharedState(StatePolicy(redis_url="redis://127.0.0.1:6379/15")))
-        spec = CachePolicy(enabled=True, max_tenant_bytes=MIB // 4, max_bytes=MIB)  # ~240 vectors of 8 floats
-        cache = SemanticCache(spec, GatewayMetrics(), store, embedder=FakeEmbedder())
+        cache = started_cache(FakeEmbedder())
         await cache.start()
-        embedder = FakeEmbedder()
-        questions = [f"What is item number {i} for?" for i in range(300)]
-        for q in questions:
-            looked: asyncio.Future[Lookup] = asyncio.get_running_loop().create_future()
-            looked.set_result(Lookup("miss", vector=await embedder.embed(q)))  # the miss that embedded it
-            await cache._remember(key(q), CHAT, answer("ok"), False, looked, spec)
-        assert cache.index is not None
-        assert cache.index.held.tenant_bytes("acme") <= spec.max_tenant_bytes and len(cache.index) < 300
-        assert cache.metrics.cache_bytes._value.get() == cache.index.held.total
-        assert all([await store.get_exact(key(q).exact) is not None for q in questions]), \
-            "an index evicting a vector leaves the entry in Redis (the exact layer)"
-        assert (await cache.lookup(key(questions[0]), spec)).result == "hit-exact"
-        await cache._remember(key("Tell me everything"), CHAT, answer("word " * 4000), False, None, spec)
-        assert await store.get_exact(key("Tell me everything").exact) is None, "over the cap: never written"
-        assert cache.metrics.cache_not_stored.labels("too_large")._value.get() == 1
+        asked = key("What is a service mesh?")
+        assert (await cache.lookup(asked, SPEC)).result == "miss"
+        cache.audits._scope(asked.scope, asked.tenant, asked.model).off = True
+        exact, semantic = await cache.lookup_exact(asked), await cache.lookup_semantic(asked, SPEC)
+        assert (exact.result, exact.reason) == (semantic.result, semantic.reason) == ("off", "audit")
+        body = {"model": "other", "messages": [{"role": "user", "content": "What is a service mesh?"}],
+                "max_tokens": 16, "temperature": 0}
+        other = cache_key(CHAT, body, TENANT, True, SPEC, 16)
+        assert isinstance(other, CacheKey) and (await cache.lookup(other, SPEC)).result == "miss", "its own scope"
         await cache.close()
     asyncio.run(main())

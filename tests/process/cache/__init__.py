@@ -1,0 +1,1 @@
+"""The cache on this machine's Redis (the in-process part: tests/inprocess/cache)."""
