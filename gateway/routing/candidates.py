@@ -33,9 +33,8 @@ def load_bound(mean: float) -> float:
     """The most load a worker may carry and still take a request for the prefix it holds: LOAD_BOUND times the
     pool's mean, or the mean plus LOAD_NOISE_Z of its Poisson swing when that is more, plus one.
 
-    Why the swing: a worker's in-flight count varies by about its square root, so at the mean of 4 in flight
-    that bench_prefix runs at, 1.25x the mean is one request, and a burst of one moved a prefix's requests off
-    the worker caching it (hit rate 0.73-0.76 against 0.86 for an oracle that knows every cache, TTFT p95
-    0.9-1.3 s). With the swing: 0.83 and 0.85, TTFT p95 683 and 433 ms, the busiest worker 1.17-1.18x the mean
-    over the run; at large in-flight counts (the mean above 100) 1.25x rules again."""
+    Why the swing: a worker's in-flight count varies by about its square root, so at a few in flight 1.25x the
+    mean is one request, and a burst of one would move a prefix's requests off the worker caching it; at large
+    in-flight counts (the mean above 100) 1.25x rules again. The bounds tried, with their hit rates:
+    docs/decisions/007-prefix-routing.md."""
     return mean + max((LOAD_BOUND - 1.0) * mean, LOAD_NOISE_Z * math.sqrt(mean)) + 1.0

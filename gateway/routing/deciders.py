@@ -3,15 +3,16 @@ bound (``candidates.Candidates.fits``: bounded-load affinity, so a hot prefix ca
 engine). The prefix profile asks them in order; the first that names a worker wins.
 
 - ``PrefixMatch``: the worker holding the request's longest known prefix (by the index), even one at its limit:
-  the prefill it saves is worth a short wait there (in ``bench_prefix``, sending such requests elsewhere cut the
-  hit rate from 0.76 to 0.69 and tripled TTFT p95);
+  the prefill it saves is worth a short wait there;
 - ``SessionRendezvous``: the worker a named conversation hashes to (rendezvous over the whole pool, the same in
   every process and replica);
 - ``FirstBlockHash``: for a prefix no worker is known to hold, a worker whose cache footprint (the blocks the
   index places on it) is near the least, among those with room, and among those where its first block hashes
   to (rendezvous, so replicas agree where a new system prompt lives without talking while the pool is
-  balanced). Hashing alone put three of four tenants' system prompts on one of two engines half the time, where
-  they evicted each other.
+  balanced), since hashing alone often puts several tenants' system prompts on one engine, where they evict
+  each other.
+
+Why each, measured with ``bench_prefix``: docs/decisions/007-prefix-routing.md.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ request re-decides its strategy by comparing strings.
 - ``round_robin``: in turn, whatever the load (blind, to compare routings against).
 
 A retry before the first byte goes to the least loaded of the others in every profile; a request pinned to one
-worker (it continues state held there) goes there or nowhere. Routing runs once per request and cost ~10 µs
-(timed alone: loadtest/RESULTS.md): the plug-ins are built here, and a request allocates only its candidate lists
-and its route.
+worker (it continues state held there) goes there or nowhere. Routing runs once per request, and the plug-ins
+are built here, so a request allocates only its candidate lists and its route (its cost per request:
+docs/decisions/007-prefix-routing.md).
 """
 
 from __future__ import annotations

@@ -21,8 +21,10 @@ slow; two slow ones among the last eight lower it by a tenth (one alone is as li
 a worker failure halves it; never below what the engine held through eight answers in a row uncongested,
 and never below the last limit its metrics showed. While a limit is still growing, the queue does not refuse
 on its forecast (``still_learning``). So a healthy engine is never
-throttled by a missing signal (before: 8 streams at once, and 43,011 of 43,263 requests refused, against an
-engine serving 64).
+throttled by a missing signal.
+
+Why each rule below, with what it was measured against: docs/decisions/003-scheduler-fairness.md ("Capacity
+learning").
 """
 
 from __future__ import annotations
@@ -34,19 +36,17 @@ from gateway.policy.schema import Pool, SchedulingPolicy
 from gateway.state.replicas import ALONE, Share
 
 # A worker's concurrency before anything is learned: start low and probe up (by a quarter a read while the
-# engine keeps up), rather than at the ceiling. Started at the ceiling, a burst of batch lines arriving first
-# went straight into the engines' own queues, and premium requests then waited behind them (measured).
+# engine keeps up), rather than at the ceiling, where a first burst of batch lines went straight into the engines'
+# own queues and premium waited behind them.
 START_LIMIT = 8
 # After the engine showed its limit (requests waiting), do not probe above it for this many reads (~30 s at the
 # default scrape interval): probing straight back up put a request in the engine's own queue every other read,
-# where a newly arrived request of any tenant or class waited behind it (measured: a quiet premium tenant's
-# TTFT p95 went from 41 ms alone to 681 ms beside a flooding one).
+# where a newly arrived request of any tenant or class waited behind it.
 HOLD_READS = 60
 # An engine that queues requests while at least half its KV cache is free is held by its sequence cap (vLLM's
 # max_num_seqs), not by memory: that limit does not move with the requests' sizes, and each probe above it puts
-# a request in the engine's queue for a whole answer's time (measured: a quiet premium tenant's request routed
-# to the probe's slot waited 618 ms for its first token, against 30 ms). It is held ten times longer (~5 min),
-# not forever: a limit read low under churn still recovers.
+# a request in the engine's queue for a whole answer's time. It is held ten times longer (~5 min), not forever:
+# a limit read low under churn still recovers.
 SEQUENCE_BOUND_KV = 0.5
 SEQUENCE_HOLD_READS = 10 * HOLD_READS
 
@@ -59,15 +59,14 @@ def learn(worker: Worker, ceiling: int, wanted: bool = False) -> None:
     ``wanted``: the gateway holds requests for this pool in its queue. Until the engine has shown its limit,
     the limit then grows while the engine runs what it was given without queueing, even below 90% of the limit
     (the premium reserve keeps the other classes under it, and they are the ones waiting). Once the limit is
-    known, probing above it puts requests in the engine's own queue, so only the 90% rule applies (measured:
-    2 of 244 premium shed at 2x overload with it, 0 without).
+    known, probing above it puts requests in the engine's own queue, so only the 90% rule applies.
 
     A request that arrived just before the scrape shows as waiting for one engine step even when the engine
     has room, so only two reads in a row with requests waiting lower the limit, and to the most the engine
     ran in its last eight reads, not at this one: under churn (short requests finishing and new ones arriving
     between steps) a read often catches a slot in passing, and trusting it shrank the limit below what the
-    engine runs (measured: premium shed while a batch of short lines drained). Nor while what it runs still
-    moves (_at_plateau)."""
+    engine runs. Nor while what it runs still moves (_at_plateau). Why each, measured:
+    docs/decisions/003-scheduler-fairness.md."""
     learned, observed = worker.learned, worker.observed
     if observed.metrics_error is not None:
         return  # nothing new was read
@@ -98,9 +97,8 @@ def learn(worker: Worker, ceiling: int, wanted: bool = False) -> None:
 def _in_use(worker: Worker, limit: int) -> bool:
     """Is this process's limit for the worker the one its requests are held to? Not when the processes agreed
     on a lower one (another replica learned less): the engine's reads then say nothing about this limit, and
-    the engine's running counts the other replicas' requests too, so this one grew on every read while it had
-    a request queued, to the ceiling (8 to 256 in three seconds), and the next replica's probe above the
-    engine's cap raised what both may send (loadtest/RESULTS.md, two replicas)."""
+    the engine's running counts the other replicas' requests too, so this one would grow on every read while
+    it had a request queued, to the ceiling. Why: docs/decisions/003-scheduler-fairness.md."""
     return not worker.agreed.limit or limit <= worker.agreed.limit
 
 
@@ -108,8 +106,8 @@ def _at_plateau(running: collections.deque[float]) -> bool:
     """Does the engine run as many as at the read before, and as many as at any of the recent reads? An engine
     at its cap runs its cap at every read; one whose load is climbing (a ramp the gateway paces, or a burst
     arriving over several steps) shows arrivals waiting for the next step at most reads: read as its cap, each
-    such pair lowered the limit to the ramp's level of the moment and held it there for minutes (64 to 41 and
-    31 as a paced flood ramped up after an idle spell; 64 and 59 with this rule, loadtest/RESULTS.md)."""
+    such pair would lower the limit to the ramp's level of the moment and hold it there for minutes.
+    Why: docs/decisions/003-scheduler-fairness.md."""
     return len(running) < 2 or running[-1] == running[-2] == max(running)
 
 
@@ -137,7 +135,8 @@ def worker_slots(worker: Worker, spec: Pool, scheduling: SchedulingPolicy, now: 
 # The request stream's signal (``finished``)
 TOLERANCE = 2.0  # an answer within this many times the least latency seen (plus SLACK_S) is uncongested
 SLACK_S = 0.05
-FORGET = 0.01  # how fast the least latency drifts up to what the engine answers in now
+DRIFT = 0.01  # how fast what was learned drifts: the least latency up to what the engine answers in now, and the
+# concurrency shown without a queue down (by this much an answer while none of the recent ones queued)
 BACK_OFF = 0.9  # a congested answer lowers the limit by a tenth; a failed worker halves it
 SLOW_START_STEP = 2.0
 SLOW_OF_RECENT = 2  # congested answers among the last eight before the limit comes down
@@ -160,7 +159,7 @@ def answered(worker: Worker, ceiling: int, held: int, latency: float, whole: boo
         return  # one slow answer may be a busy moment of this host, not a queue in the engine
     if uncongested:
         if not slow and len(recent) == recent.maxlen:  # a run of answers with no queue at this many held
-            learned.demonstrated = max(float(held), learned.demonstrated - FORGET)
+            learned.demonstrated = max(float(held), learned.demonstrated - DRIFT)
         if slow:
             pass  # some of the last answers queued in the engine: hold here
         elif held >= limit / 2:  # the limit is in use: there is something to learn about more
@@ -182,7 +181,7 @@ def failed(worker: Worker, ceiling: int) -> None:
 
 def _within(floor: float, latency: float) -> tuple[float, bool]:
     """The floor moved by this latency (down at once, up slowly), and whether the latency was uncongested."""
-    floor = latency if floor == 0 or latency < floor else floor + FORGET * (latency - floor)
+    floor = latency if floor == 0 or latency < floor else floor + DRIFT * (latency - floor)
     return floor, latency <= floor * TOLERANCE + SLACK_S
 
 

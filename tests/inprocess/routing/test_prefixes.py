@@ -13,7 +13,7 @@ from gateway.context import RequestContext
 from gateway.endpoints import CHAT
 from gateway.routing.affinity import Affinity
 from gateway.routing.prefixes import PrefixIndex
-from gateway.upstream.dispatch import dispatch
+from gateway.upstream.dispatch import Dispatch
 from gateway.upstream.pools import UpstreamPool
 from tests.fakes import FakeWorker, chat, completion_json, json_of, live_worker, running_gateway
 
@@ -31,7 +31,7 @@ async def send(pool: UpstreamPool, gw_snapshot: object, affinity: Affinity | Non
                pinned: str | None = None) -> RequestContext:
     """One dispatch of a chat body through ``pool``, its answer read to the end."""
     ctx = RequestContext("test-request", gw_snapshot, CHAT)  # type: ignore[arg-type]
-    async with dispatch(ctx, pool, PATH, orjson.dumps(chat()), affinity, pinned) as (_, response):
+    async with Dispatch(ctx, pool, PATH, orjson.dumps(chat()), affinity, pinned) as (_, response):
         assert response.status == 200
         await response.read()
     return ctx

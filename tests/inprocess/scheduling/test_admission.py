@@ -14,8 +14,7 @@ from gateway.outcomes import render
 from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Policy
 from gateway.scheduling.capacity import HOLD_READS, SEQUENCE_HOLD_READS, learn, worker_slots
-from gateway.scheduling.controller import Controller
-from gateway.scheduling.queues import STUCK_MIN_S, ClassQueue, Waiter
+from gateway.scheduling.controller import PREFILL_STUCK_S, Controller
 from gateway.state.replicas import Share
 from tests.fakes import live_worker
 
@@ -69,20 +68,6 @@ class Harness:
     def queue(self, tenant: str, klass: str | None = None, **kw: Any) -> asyncio.Task[RequestContext]:
         return asyncio.ensure_future(self.admit(self.ctx(tenant, klass), **kw))
 
-    def stream(self, tenant: str) -> asyncio.Task[RequestContext]:
-        """A streamed request of ``tenant`` asking for a slot (paced by its first token)."""
-        ctx = self.ctx(tenant)
-        ctx.stream = True
-        return asyncio.ensure_future(self.admit(ctx))
-
-    async def paused(self, tenant: str) -> None:
-        """A tenant's habit of a request a second, then 30 s of silence: past twenty of its gaps, so not active,
-        but heard from within the minute."""
-        for _ in range(2):
-            self.release(await self.admit(self.ctx(tenant)))
-            self.clock.now += 1.0
-        self.clock.now += 30.0
-
     async def overlapping(self, tenant: str, at_once: int, times: int = 3) -> None:
         """A tenant's habit: ``at_once`` requests running together, ``times`` times."""
         for _ in range(times):
@@ -128,30 +113,6 @@ def test_batch_leaves_headroom_and_never_passes_waiting_work() -> None:
         await settle()
         assert h.granted == ["b1", "p1"], "with premium running, batch still leaves the headroom"
         second.cancel()
-    asyncio.run(main())
-
-
-def test_fair_between_tenants_in_tokens_fifo_inside_one() -> None:
-    queue = ClassQueue()
-
-    async def main() -> None:
-        for i in range(6):
-            queue.push(Waiter(None, "heavy", 1.0, 100, 1, float(i)))  # type: ignore[arg-type]
-        for i in range(2):
-            queue.push(Waiter(None, "s2", 1.0, 100, 1, 10.0 + i))  # type: ignore[arg-type]
-        order = []
-        while (waiter := queue.pop()) is not None:
-            order.append((waiter.tenant, waiter.enqueued_at))
-        assert [t for t, _ in order[:4]].count("s2") == 2, "the quiet tenant is not stuck behind the flood"
-        heavy = [at for t, at in order if t == "heavy"]
-        assert heavy == sorted(heavy), "FIFO inside a tenant"
-        queue.push(Waiter(None, "big", 1.0, 1000, 1, 0.0))  # type: ignore[arg-type]
-        queue.push(Waiter(None, "small", 2.0, 100, 1, 0.0))  # type: ignore[arg-type]
-        for _ in range(3):
-            queue.push(Waiter(None, "big", 1.0, 1000, 1, 0.0))  # type: ignore[arg-type]
-            queue.push(Waiter(None, "small", 2.0, 100, 1, 0.0))  # type: ignore[arg-type]
-        first_five = [queue.pop().tenant for _ in range(5)]  # type: ignore[union-attr]
-        assert first_five.count("small") >= 4, "measured in tokens: small requests get more turns"
     asyncio.run(main())
 
 
@@ -221,78 +182,6 @@ def test_a_queued_request_past_its_deadline_gets_429_and_leaves() -> None:
     asyncio.run(main())
 
 
-def test_a_tenant_under_its_share_waits_one_more_deadline_for_the_next_release() -> None:
-    """The deadline sheds the overload: a tenant holding its share or more, or alone, is shed at it. A tenant
-    under its share beside others is not the overload (it waits for slots taken while it was away): it waits
-    one more deadline, and the next release is its."""
-    async def main() -> None:
-        h = Harness(tiers={"premium": {"max_queue_wait_ms": 200}}, tenant_headroom=0.5)
-        flood = [await h.admit(h.ctx("p1")), await h.admit(h.ctx("p1"))]  # the pool is full, all of it p1's
-        quiet = h.queue("p2")  # queued first: its deadline passes first
-        await settle()
-        with pytest.raises(Shed) as caught:
-            await h.admit(h.ctx("p1"))  # holds both slots, its share is one: shed at its deadline
-        assert caught.value.reason == "deadline"
-        assert not quiet.done(), "past its own deadline, still waiting"
-        h.release(flood[0])
-        await settle()
-        assert quiet.done() and h.pool.held == {"p1": 1, "p2": 1}, "the next release is its"
-        h.release(quiet.result())
-        with pytest.raises(Shed):
-            await h.admit(h.ctx("p1"))  # alone in the queue and at its share: the overload
-        h.release(flood[1])
-        assert h.pool.granted == 0 and h.pool.queues["premium"].count == 0
-        assert not h.pool.granted_at and h.pool.queued_bytes == 0
-    asyncio.run(main())
-
-
-def test_with_queue_order_alone_no_tenant_waits_past_its_deadline() -> None:
-    """tenant_headroom 0 keeps queue order alone: no share, so no second deadline either."""
-    async def main() -> None:
-        h = Harness(tiers={"premium": {"max_queue_wait_ms": 200}})
-        flood = [await h.admit(h.ctx("p1")), await h.admit(h.ctx("p1"))]
-        quiet = h.queue("p2")  # queued first: its deadline passes first
-        await settle()
-        with pytest.raises(Shed):
-            await h.admit(h.ctx("p1"))
-        assert quiet.done()
-        with pytest.raises(Shed):
-            quiet.result()
-        for ctx in flood:
-            h.release(ctx)
-        assert h.pool.granted == 0 and h.pool.queued_bytes == 0
-    asyncio.run(main())
-
-
-def test_a_tenant_light_on_average_at_its_share_in_a_burst_waits_one_more_deadline() -> None:
-    """At its share for a moment (two of four slots, the flood the other two), a tenant whose average use is
-    a tenth of a slot is not the overload either: its third request waits on past the deadline, for one of
-    its own to end; the flood's is shed."""
-    async def main() -> None:
-        h = Harness(tiers={"premium": {"max_queue_wait_ms": 200}}, tenant_headroom=0.5)
-        h.worker.learned.limit = 4
-        for _ in range(32):  # its record: two requests of a second at once, every thirty
-            pair = [await h.admit(h.ctx("p2")), await h.admit(h.ctx("p2"))]
-            h.clock.now += 1.0
-            for ctx in pair:
-                h.release(ctx)
-            h.clock.now += 29.0
-        quiet = [await h.admit(h.ctx("p2")), await h.admit(h.ctx("p2"))]
-        flood = [await h.admit(h.ctx("p1")), await h.admit(h.ctx("p1"))]
-        burst = h.queue("p2")
-        await settle()
-        with pytest.raises(Shed):
-            await h.admit(h.ctx("p1"))
-        assert not burst.done(), "past its deadline, still waiting"
-        h.release(quiet[0])
-        await settle()
-        assert burst.done() and h.pool.held == {"p1": 2, "p2": 2}
-        for ctx in (quiet[1], burst.result(), *flood):
-            h.release(ctx)
-        assert h.pool.granted == 0 and not h.pool.granted_at and h.pool.queued_bytes == 0
-    asyncio.run(main())
-
-
 def test_a_client_that_leaves_the_queue_takes_nothing_with_it() -> None:
     async def main() -> None:
         h = Harness()
@@ -322,13 +211,13 @@ def test_a_flooding_tenant_leaves_a_slot_for_another_active_tenant() -> None:
         flood = [h.queue("s1") for _ in range(12)]
         await settle()
         state = h.pool
-        assert state.held == {"s1": 7} and state.queues["standard"].count == 5, "one slot (10%) left free"
+        assert state.held() == {"s1": 7} and state.queues["standard"].count == 5, "one slot (10%) left free"
         quiet = h.queue("s2")
         await settle()
         assert quiet.done(), "the quiet tenant starts at once beside the flood"
         h.release(next(t for t in flood if t.done()).result())  # a flood request ends: the flood may not refill
         await settle()
-        assert state.held == {"s1": 6, "s2": 1} and state.granted == 7, "one slot stays free for the quiet one"
+        assert state.held() == {"s1": 6, "s2": 1} and state.granted == 7, "one slot stays free for the quiet one"
         again = h.queue("s2")
         await settle()
         assert again.done(), "so its next request starts at once too"
@@ -346,7 +235,7 @@ def test_the_slot_left_for_a_quiet_tenant_is_one_its_class_may_take() -> None:
         h.release(await h.admit(h.ctx("s2")))  # a second standard tenant has used the pool this minute
         flood = [h.queue("s1") for _ in range(12)]
         await settle()
-        assert h.pool.held == {"s1": 5}, "two slots for premium, one for the quiet tenant"
+        assert h.pool.held() == {"s1": 5}, "two slots for premium, one for the quiet tenant"
         quiet = h.queue("s2")
         await settle()
         assert quiet.done(), "the quiet tenant starts at once beside the flood"
@@ -369,7 +258,7 @@ def test_a_fair_share_is_of_what_the_class_may_take() -> None:
         await h.overlapping("s2", 3)  # the quiet tenant runs three at once
         flood = [h.queue("s1") for _ in range(12)]
         await settle()
-        assert h.pool.held == {"s1": 3}, "the flood stops at its share of the class's six"
+        assert h.pool.held() == {"s1": 3}, "the flood stops at its share of the class's six"
         quiet = [h.queue("s2") for _ in range(3)]
         await settle()
         assert all(t.done() for t in quiet), "all three of the quiet tenant's requests start at once"
@@ -380,193 +269,15 @@ def test_a_fair_share_is_of_what_the_class_may_take() -> None:
     asyncio.run(main())
 
 
-def test_a_flood_over_its_share_starts_a_stream_as_one_before_it_shows_its_first_token() -> None:
-    """Slots freed together go to a flooding tenant one prefill at a time, not as a wave the engine prefills
-    in one long step; a lone tenant, and a quiet one, start at once."""
-    async def main() -> None:
-        h = Harness(tenant_headroom=0.5)
-        h.worker.learned.limit = 8
-
-        alone = [h.stream("p1") for _ in range(6)]
-        await settle()
-        assert all(t.done() for t in alone), "a lone tenant's streams all start at once"
-        for task in alone:
-            h.release(task.result())
-        h.clock.now += 11  # no completions in the drain window: the bound is one prompt per worker
-        h.release(await h.admit(h.ctx("p2")))  # a second premium tenant has used the pool this minute
-        flood = [h.stream("p1") for _ in range(6)]
-        await settle()
-        assert h.pool.held == {"p1": 4}, "up to its fair share (4 of 8) unpaced"
-        scheduling = h.snap.policy.scheduling
-        for task in flood[:3]:
-            h.controller.first_token(task.result(), h.pool, h.worker, scheduling, held=4, ttft=0.03)
-        await settle()
-        assert h.pool.held == {"p1": 4}, "one of its prompts still before its first token: the next waits"
-        h.controller.first_token(flood[3].result(), h.pool, h.worker, scheduling, held=4, ttft=0.03)
-        await settle()
-        assert h.pool.held == {"p1": 5}, "none left before a first token: the next one starts"
-        quiet = h.stream("p2")
-        await settle()
-        assert quiet.done(), "the quiet tenant starts at once"
-        h.release(quiet.result())
-        for task in flood:
-            task.cancel()
-        await settle()
-        assert h.pool.starting == {"p1": {id(flood[4].result())}}, \
-            "counted per request, though all share one request id (the tenant's name), until its first token"
-    asyncio.run(main())
-
-
-def test_a_stream_stuck_before_its_first_token_stops_pacing_its_tenant() -> None:
-    """A worker that hangs before the first token would hold a paced tenant's flow to the bound until the
-    upstream's timeout: past STUCK_MIN_S (and twenty least TTFTs) such a stream no longer counts as starting."""
-    async def main() -> None:
-        h = Harness(tenant_headroom=0.5)
-        h.worker.learned.limit = 8
-
-        h.release(await h.admit(h.ctx("p2")))  # a second premium tenant has used the pool this minute
-        h.clock.now += 11  # no completions in the drain window: the bound is one prompt per worker
-        flood = [h.stream("p1") for _ in range(6)]
-        await settle()
-        scheduling = h.snap.policy.scheduling
-        for task in flood[:3]:
-            h.controller.first_token(task.result(), h.pool, h.worker, scheduling, held=4, ttft=0.03)
-        await settle()
-        assert h.pool.held == {"p1": 4}, "its fourth stream before its first token: the fifth waits"
-        h.clock.now += STUCK_MIN_S - 0.5
-        flood.append(h.stream("p1"))  # an arrival grants what fits
-        await settle()
-        assert h.pool.held == {"p1": 4}, "still within the time a prefill may take"
-        h.clock.now += 1.0
-        flood.append(h.stream("p1"))
-        await settle()
-        assert h.pool.held == {"p1": 5}, "the fourth is stuck: the fifth starts"
-        for task in flood:
-            task.cancel()
-        await settle()
-    asyncio.run(main())
-
-
-def test_the_slots_left_free_follow_how_much_the_quiet_tenant_overlaps_itself() -> None:
-    async def main() -> None:
-        h = Harness(tenant_headroom=0.5)
-        h.worker.learned.limit = 8
-        await h.overlapping("s2", 3)  # the quiet tenant's habit: a third request while two still run
-        assert h.pool.demand("s2") == 3
-        flood = [h.queue("s1") for _ in range(12)]
-        await settle()
-        assert h.pool.held == {"s1": 5}, "three slots left free: what the quiet tenant runs at once"
-        quiet = [h.queue("s2") for _ in range(3)]
-        await settle()
-        assert all(t.done() for t in quiet), "all three of its overlapping requests start at once"
-        h.release(next(t for t in flood if t.done()).result())
-        await settle()
-        assert h.pool.held == {"s1": 4, "s2": 3}, "its slots stay its own while it uses them"
-        for task in quiet:
-            h.release(task.result())
-        await settle()
-        assert h.pool.held == {"s1": 5}, "what it gave back goes to the flood, less its demand"
-        for task in flood:
-            task.cancel()
-    asyncio.run(main())
-
-
-@pytest.mark.parametrize("bursts", [11, 2])
-def test_a_tenant_light_on_average_is_held_free_its_bursts_past_the_share(bursts: int) -> None:
-    """A tenant that runs six at once for a second every ten uses under one slot of eight on average: it is
-    held free its six, past its share of four at the moment, and the flood keeps the other two. Not before a
-    record of 16 arrivals (two bursts are 12): then it is held to its share."""
-    async def main() -> None:
-        h = Harness(tenant_headroom=0.75)
-        h.worker.learned.limit = 8
-        for _ in range(bursts):
-            held = [await h.admit(h.ctx("s2")) for _ in range(6)]
-            h.clock.now += 1.0
-            for ctx in held:
-                h.release(ctx)
-            h.clock.now += 9.0
-        assert h.pool.demand("s2") == 6
-        usage = h.pool.usage("s2")
-        assert (usage is None) == (bursts == 2) and (usage is None or usage < 1)
-        flood = [h.queue("s1") for _ in range(12)]
-        await settle()
-        assert h.pool.held == ({"s1": 2} if bursts == 11 else {"s1": 4})
-        quiet = [h.queue("s2") for _ in range(6)]
-        await settle()
-        assert sum(t.done() for t in quiet) == (6 if bursts == 11 else 4)
-        for task in quiet + flood:
-            task.cancel()
-        await settle()
-    asyncio.run(main())
-
-
-def test_a_tenant_light_on_average_is_not_paced_in_its_bursts() -> None:
-    """Pacing holds the overload's streams to the flow's prefills; a tenant using under its share on average
-    starts its burst's streams at once, past the share at the moment, before their first tokens."""
-    async def main() -> None:
-        h = Harness(tenant_headroom=0.75)
-        h.worker.learned.limit = 8
-        for _ in range(11):
-            held = [await h.admit(h.ctx("p2")) for _ in range(6)]
-            h.clock.now += 1.0
-            for ctx in held:
-                h.release(ctx)
-            h.clock.now += 9.0
-        h.release(await h.admit(h.ctx("p1")))  # a second premium tenant uses the pool
-        burst = [h.stream("p2") for _ in range(6)]
-        await settle()
-        assert all(t.done() for t in burst), "all six start, none has shown a first token"
-        assert len(h.pool.starting["p2"]) == 6
-        for task in burst:
-            h.release(task.result())
-    asyncio.run(main())
-
-
-def test_a_lone_tenant_leaves_the_last_slot_to_a_tenant_heard_from_within_the_minute() -> None:
-    """A tenant paused past its idle gaps is not active (no share held for it), but one slot stays free for its
-    return while it was heard from within the minute; after the minute, the lone tenant may take every slot."""
-    async def main() -> None:
-        h = Harness(tenant_headroom=0.75)
-        h.worker.learned.limit = 8
-        await h.paused("p2")
-        flood = [h.queue("p1") for _ in range(12)]
-        await settle()
-        assert h.pool.held == {"p1": 7} and h.pool.queues["premium"].count == 5, "the last slot is left free"
-        back = h.queue("p2")
-        await settle()
-        assert back.done(), "the returning tenant starts at once, beside the lone tenant's queue"
-        h.release(back.result())
-        h.clock.now += 61.0  # a minute since its last request: the lone tenant may use every slot
-        h.release(next(t for t in flood if t.done()).result())
-        await settle()
-        assert h.pool.held == {"p1": 8}, "nothing is held for a tenant gone a minute"
-        for task in flood:
-            task.cancel()
-    asyncio.run(main())
-
-
-def test_a_lone_tenant_holding_nothing_takes_the_last_slot() -> None:
-    """Held off the last slot only while it holds one: a standard tenant alone on an idle pool whose class has
-    one slot of room (two, less the premium reserve) starts at once, a minute's returning tenant or not."""
-    async def main() -> None:
-        h = Harness(tenant_headroom=0.75, premium_reserve=0.25)
-        await h.paused("s2")
-        lone = h.queue("s1")
-        await settle()
-        assert lone.done(), "nothing held: no release of its own would ever grant it"
-        h.release(lone.result())
-    asyncio.run(main())
-
-
 def test_the_slots_left_free_for_quiet_tenants_are_capped() -> None:
     async def main() -> None:
         h = Harness(tenant_headroom=0.25)
         h.worker.learned.limit = 8
         await h.overlapping("s2", 4)
-        assert h.pool.demand("s2") == 4  # its fair share (4 of 8): more would not be reserved anyway
+        assert h.pool.queues["standard"].flows["s2"].peak == 4  # its fair share (4 of 8): no more is held anyway
         flood = [h.queue("s1") for _ in range(12)]
         await settle()
-        assert h.pool.held == {"s1": 6}, "at most a quarter of the slots is held back"
+        assert h.pool.held() == {"s1": 6}, "at most a quarter of the slots is held back"
         for task in flood:
             task.cancel()
     asyncio.run(main())
@@ -588,6 +299,74 @@ def test_full_queues_shed_the_lowest_class_first() -> None:
         with pytest.raises(Shed):
             await h.admit(h.ctx("s1"), size=900)  # nothing lower to shed: this one is refused
         premium.cancel()
+    asyncio.run(main())
+
+
+def test_a_full_queue_refuses_the_flood_not_a_tenant_served_less() -> None:
+    """The class's queue is full of one tenant's requests: a request of another tenant, served less, is queued and
+    the flood's newest refused in its place; the flood's own next one is refused (none is served more than it)."""
+    async def main() -> None:
+        h = Harness(max_queued=3)
+        running = [await h.admit(h.ctx("s1")), await h.admit(h.ctx("s1"))]
+        flood = [h.queue("s1") for _ in range(3)]
+        await settle()
+        quiet = h.queue("s2")
+        await settle()
+        with pytest.raises(Shed) as caught:
+            await flood[-1]
+        assert caught.value.reason == "displaced" and not quiet.done()
+        with pytest.raises(Shed) as refused:
+            await h.admit(h.ctx("s1"))
+        assert refused.value.reason == "queue_full"
+        h.release(running[0])
+        await settle()
+        assert quiet.done() and h.granted[-1] == "s2", "served less, it goes first"
+        for task in flood[:2]:
+            task.cancel()
+
+    async def control() -> None:  # in arrival order (fcfs), the one refused is whoever arrives last
+        h = Harness(max_queued=3, fairness="fcfs")
+        for _ in range(2):
+            await h.admit(h.ctx("s1"))
+        flood = [h.queue("s1") for _ in range(3)]
+        await settle()
+        with pytest.raises(Shed):
+            await h.admit(h.ctx("s2"))
+        for task in flood:
+            task.cancel()
+    asyncio.run(main())
+    asyncio.run(control())
+
+
+def test_streams_wait_while_the_pool_has_its_flow_of_prefills_and_a_stuck_one_stops_counting() -> None:
+    """With no completions yet the bound is one stream per worker: a second stream waits for the first one's first
+    token (the backlog stays in the gateway's order, not in the engine's prefill queue); one still without its
+    first token after PREFILL_STUCK_S is a hung worker's, and stops holding the others back."""
+    async def main() -> None:
+        h = Harness()
+        h.worker.learned.ttft_floor = 0.05
+        first = h.ctx("s1")
+        first.stream = True
+        await h.admit(first)
+        second = h.ctx("s2")
+        second.stream = True
+        waiting = asyncio.ensure_future(h.admit(second))
+        await settle()
+        assert not waiting.done(), "one stream before its first token: the pool's one worker has its prefill"
+        h.controller.first_token(first, h.pool, h.worker, h.snap.policy.scheduling, 1, 0.05)
+        await settle()
+        assert waiting.done(), "its first token came: the next stream starts"
+        h.release(first)
+        third = h.ctx("s1")
+        third.stream = True
+        held = asyncio.ensure_future(h.admit(third))
+        await settle()
+        assert not held.done(), "the second stream is still before its first token"
+        h.clock.now += PREFILL_STUCK_S
+        h.controller.grant(h.pool, h.snap.policy.scheduling)  # what the next scrape does
+        await settle()
+        assert held.done(), "stuck that long, it no longer counts"
+        held.result()
     asyncio.run(main())
 
 
@@ -691,7 +470,7 @@ def test_a_tenant_over_its_fair_share_of_the_fleet_does_not_go_past_the_part() -
             await h.admit(h.ctx("p1"))  # holds its fair share of the fleet, two here and two there: waits here
         assert caught.value.reason == "deadline"
         again = await h.admit(h.ctx("p2"))  # under its share: past the part after half its wait
-        assert again.past_limit and h.pool.held == {"p1": 2, "p2": 2, "s1": 1}
+        assert again.past_limit and h.pool.held() == {"p1": 2, "p2": 2, "s1": 1}
         for ctx in (*held, again):
             h.release(ctx)
     asyncio.run(main())
@@ -876,47 +655,3 @@ def test_only_workers_with_a_free_slot_are_offered_to_the_router() -> None:
     assert controller.with_room(controller.states["one"], scheduling) == set(), "one worker: nothing to choose"
 
 
-def test_a_quiet_tenants_prefill_shares_an_engine_step_with_as_little_as_the_pool_allows() -> None:
-    """An engine prefills every prompt admitted in one step together: a quiet tenant's stream goes to the worker
-    with the least prefill in flight, and the flood's next streams keep off that worker until its first token."""
-    async def main() -> None:
-        snap = snapshot(tenant_headroom=0.5)
-        spec, scheduling = snap.policy.pools["p"], snap.policy.scheduling
-        clock = Clock()
-        w1, w2 = (live_worker(url, scraped_at=clock.now, limit=8) for url in ("http://w1", "http://w2"))
-        controller = Controller(clock=clock)
-        controller.track("p", [w1, w2], spec)
-        state = controller.states["p"]
-
-        def stream(tenant: str) -> RequestContext:
-            ctx = RequestContext(tenant, snap, CHAT)
-            ctx.tenant, ctx.service_class, ctx.stream = snap.tenants[tenant], "premium", True
-            return ctx
-
-        flood = [stream("p1") for _ in range(9)]  # over its share (8 of 16) once the quiet tenant asks
-        for ctx in flood:
-            await controller.admit(ctx, "p", 100, 100)
-        w1.inflight = w2.inflight = 4
-        controller.sent(flood[0], state, 4000, w1)  # a long prompt prefilling on w1
-        controller.sent(flood[1], state, 400, w2)  # a short one on w2
-        quiet = stream("p2")
-        await controller.admit(quiet, "p", 100, 100)
-        assert controller.with_room(state, scheduling, quiet) == {w2}, "where the least prefill is in flight"
-        assert controller.with_room(state, scheduling, flood[2]) == {w1, w2}, "no quiet prompt prefilling yet"
-        controller.sent(quiet, state, 400, w2)
-        assert controller.with_room(state, scheduling, flood[2]) == {w1}, "the flood keeps off its step"
-        plain = stream("p1")
-        plain.stream = False
-        assert controller.with_room(state, scheduling, plain) == {w1}, "a whole answer's prefill too"
-        controller.first_token(quiet, state, w2, scheduling, held=5, ttft=0.05)
-        assert controller.with_room(state, scheduling, flood[2]) == {w1, w2}, "its first token came: all open"
-        w1.inflight = 8
-        controller.sent(quiet, state, 400, w2)  # (a retry, say) prefilling on w2 again
-        assert controller.with_room(state, scheduling, flood[2]) == {w2}, "the only room left is taken anyway"
-        w1.inflight = 4
-        clock.now += STUCK_MIN_S + 0.1
-        assert controller.with_room(state, scheduling, flood[2]) == {w1, w2}, "a prefill this long is stuck"
-        for ctx in [*flood, quiet]:
-            controller.release(ctx, state)
-        assert not state.prefilling, "nothing kept past a request's end"
-    asyncio.run(main())

@@ -51,7 +51,8 @@ def test_a_pool_a_reload_replaces_keeps_its_counts_now_against_the_new_workers()
         c = controller(snap)
         old = live_worker("http://w0", scraped_at=NOW, limit=1)
         before = c.track("p", [old], snap.policy.pools["p"])
-        running = await c.admit(request(snap, "s1"), "p", 100, 100)
+        first = request(snap, "s1")
+        running = await c.admit(first, "p", 100, 100)
         waiting = asyncio.ensure_future(c.admit(request(snap, "s2"), "p", 100, 100))
         await settle()
         assert before.queued == 1 and not waiting.done(), "one slot, taken: the second waits"
@@ -66,7 +67,7 @@ def test_a_pool_a_reload_replaces_keeps_its_counts_now_against_the_new_workers()
         assert premium is state and state.granted == 2, "the new worker's slot, beside the one still counted"
         assert not waiting.done(), "both slots of the new workers are held: the queued one still waits"
 
-        c.release(request(snap, "s1"), running)
+        c.release(first, running)
         await settle()
         assert waiting.done() and after.depths() == {"premium": 0, "standard": 0, "batch": 0}
         waiting.result()
@@ -78,11 +79,12 @@ def test_a_pool_gone_is_forgotten_but_its_requests_still_release() -> None:
         snap = snapshot()
         c = controller(snap)
         c.track("p", [live_worker("http://w0", scraped_at=NOW, limit=2)], snap.policy.pools["p"])
-        handle = await c.admit(request(snap, "s1"), "p", 100, 100)
+        admitted = request(snap, "s1")
+        handle = await c.admit(admitted, "p", 100, 100)
         c.untrack("p")
         assert "p" not in c.states and c.snapshot(["p"]) == {}
         c.metrics_changed("p")  # a retiring pool's last scrape: nothing to grant
-        c.release(request(snap, "s1"), handle)
+        c.release(admitted, handle)
         assert handle.granted == 0 and c.tenant_inflight == {}
         c.track("p", [live_worker("http://w0", scraped_at=NOW, limit=2)], snap.policy.pools["p"])
         assert c.states["p"] is not handle and c.states["p"].granted == 0, "added again, it starts afresh"

@@ -12,11 +12,12 @@ import dataclasses
 from pathlib import Path
 
 from gateway.policy.schema import Pool
-from gateway.scheduling.queues import FORGET_S, PoolState, QueueView, Waiter
+from gateway.scheduling.flows import ACTIVE_S, Waiter
+from gateway.scheduling.queues import PoolState, QueueView
 
 GATEWAY = Path(__file__).resolve().parents[3] / "gateway"
 FIELDS = frozenset(f.name for f in dataclasses.fields(PoolState))
-COUNTING = frozenset({"take", "give", "arrived", "forget_idle"})
+COUNTING = frozenset({"take", "give", "arrive"})
 MUTATING = frozenset({"append", "appendleft", "pop", "popleft", "clear", "update", "setdefault", "push", "remove",
                       "extend", "__setitem__", "__delitem__"})
 
@@ -61,13 +62,13 @@ def test_the_check_sees_the_writes_it_forbids() -> None:
 pool.admission = current.admission
 pool.admission.workers, pool.admission.spec = pool.workers, spec
 state.granted += 1
-state.held[tenant] = 1
+state.grants[key] = 1
 state.take(tenant, klass)
 state.queues["standard"].push(waiter)
 pool.admission.completions.append(now)
 """
     assert state_writes(handed_over) == [
-        "pool.admission.workers", "pool.admission.spec", "state.granted", "state.held[tenant]",
+        "pool.admission.workers", "pool.admission.spec", "state.granted", "state.grants[key]",
         "state.take(tenant, klass)", "state.queues['standard'].push(waiter)", "pool.admission.completions.append(now)"]
     assert state_writes("self.workers = workers\nself.spec = spec\nself.held.pop(key)\n") == []
     controller = (GATEWAY / "scheduling" / "controller.py").read_text()
@@ -79,51 +80,39 @@ def test_the_view_reads_the_queues_it_was_made_from() -> None:
         state = PoolState("p", [], Pool.model_validate({"workers": ["http://w0"]}))
         view = QueueView(state)
         assert view.depths() == {"premium": 0, "standard": 0, "batch": 0} and view.queued == 0
-        state.queues["batch"].push(Waiter(None, "t", 1.0, 10, 10, 0.0))  # type: ignore[arg-type]
+        flow = state.queues["batch"].arrive("batch", "t", 1.0, 0.0)
+        state.queues["batch"].push(Waiter(None, flow, 10, 10, 0.0))  # type: ignore[arg-type]
         assert view.depths() == {"premium": 0, "standard": 0, "batch": 1} and view.queued == 1
     asyncio.run(main())
 
 
-def test_a_tenant_has_stopped_after_many_of_its_own_gaps() -> None:
-    """A flood asking every 50 ms is gone after a second of silence; a tenant asking every 2 s is still there
-    after 10 s; one seen once keeps the minute."""
+def test_a_flow_is_created_on_arrival_and_collected_when_idle_without_credit() -> None:
+    """The registry keeps a flow while it holds, queues or asked within ACTIVE_S; an idle flow whose counter is
+    above what a returning flow is lifted to is kept (collecting it would forgive what it was served), one at or
+    below it goes; a returning flow starts at the least counter of the busy ones, less their requests in flight."""
     state = PoolState("p", [], Pool.model_validate({"workers": ["http://w0"]}))
-    for i in range(40):
-        state.asked("premium", "flood", 100.0 + 0.05 * i)
-    for i in range(5):
-        state.asked("premium", "slow", 100.0 + 2.0 * i)
-    state.asked("premium", "once", 100.0)
-    assert sorted(state.active_in("premium", 102.0)) == ["flood", "once", "slow"]
-    assert sorted(state.active_in("premium", 103.5)) == ["once", "slow"], "1.5 s is 30 of the flood's gaps"
-    assert sorted(state.active(118.0)["premium"]) == ["flood", "once", "slow"], "the heartbeat keeps the minute"
-    assert state.active_in("premium", 161.0) == [], "none past the minute"
+    queue = state.queues["standard"]
+    gone, ahead, busy = (queue.arrive("standard", t, 1.0, 100.0) for t in ("gone", "ahead", "busy"))
+    state.take(busy, 1, 50)
+    state.give(1, 70.0)  # its estimate corrected to the work done
+    state.take(busy, 3, 50)
+    state.take(ahead, 2, 500)
+    state.give(2, 400.0)
+    assert (busy.counter, busy.pending, ahead.counter, gone.counter) == (120, 50, 400, 0)
+    state.collect(100.0 + ACTIVE_S - 0.1)
+    assert set(queue.flows) == {"gone", "ahead", "busy"}, "all asked within ACTIVE_S"
+    state.collect(100.0 + ACTIVE_S)
+    assert set(queue.flows) == {"ahead", "busy"}, "idle, and no counter above the lift: collected"
+    back = queue.arrive("standard", "gone", 1.0, 200.0)
+    assert back is not gone and back.counter == 70, "a returning flow starts at the busy flows' least, less in flight"
+    state.give(3)
+    state.collect(300.0)
+    assert queue.flows == {}, "none busy: every idle flow goes"
 
 
-def test_a_pool_forgets_tenants_long_idle_but_not_one_holding_a_slot() -> None:
-    """What a pool keeps per tenant is bounded by its recent tenants: one that has not asked for FORGET_S is
-    dropped (gaps, overlaps, arrivals, hold times, a virtual time the class has caught up with); one still
-    holding a slot, queued, or asking, is kept."""
-    async def main() -> None:
-        state = PoolState("p", [], Pool.model_validate({"workers": ["http://w0"]}))
-        for i, tenant in enumerate(("gone", "holding", "recent")):
-            for j in range(3):
-                state.asked("premium", tenant, 100.0 + j)
-                state.arrived("premium", tenant, 100.0 + j)
-            state.take(tenant, "premium", i, 102.0)
-        state.give("gone", "premium", 0, 103.0)
-        state.give("recent", "premium", 2, 103.0)
-        state.asked("standard", "waiting", 100.0)
-        state.arrived("standard", "waiting", 100.0)
-        state.queues["standard"].push(Waiter(None, "waiting", 1.0, 10, 10, 100.0))  # type: ignore[arg-type]
-        queue = state.queues["premium"]
-        queue.virtual.update({"gone": 5.0, "holding": 5.0, "ahead": 12.0})
-        queue.now = 10.0
-        state.asked("premium", "recent", 100.0 + FORGET_S)
-        state.forget_idle(102.0 + FORGET_S)
-        assert sorted(t for _, t in state.seen) == ["holding", "recent", "waiting"]
-        assert sorted(state.overlaps) == sorted(state.arrived_at) == ["holding", "recent", "waiting"]
-        assert "gone" not in state.hold_s and "gone" not in state.gaps and "recent" in state.hold_s
-        assert queue.virtual == {"ahead": 12.0}, "caught up with and not queued: push starts them at the class's time"
-        state.forget_idle(101.0 + FORGET_S)  # nothing is idle long enough: nothing more goes
-        assert sorted(state.overlaps) == ["holding", "recent", "waiting"]
-    asyncio.run(main())
+def test_weights_divide_the_charge() -> None:
+    state = PoolState("p", [], Pool.model_validate({"workers": ["http://w0"]}))
+    heavy = state.queues["premium"].arrive("premium", "h", 2.0, 0.0)
+    state.take(heavy, 1, 100)
+    state.give(1, 300.0)
+    assert heavy.counter == 150 and heavy.held == 0 and state.granted == state.premium == 0

@@ -1,0 +1,194 @@
+"""Flows and the fairness between them inside one class of one pool.
+
+A flow is one tenant's requests in one class: its FIFO of waiters, the slots it holds, and its counter, the
+tokens it was served divided by its weight (a request is charged its estimate when granted and corrected to the
+work the engine did at its release). Flows are created by their first request and collected when idle; nothing
+else keeps per-tenant figures.
+
+Guarantees (the properties in tests/inprocess/scheduling/test_fairness.py):
+
+- ``served_tokens`` (the Virtual Token Counter): the flow with the least counter goes next, so two flows
+  backlogged together stay within a bound of each other in charged tokens (``docs/decisions/003``). A flow that
+  becomes active again (nothing held or queued) starts at the least counter of the flows queueing, less what
+  they have in flight: neither idling nor flooding buys anything. At equal counters the flow with fewer requests
+  outstanding (held and queued) goes first, so a returning flow takes the next slot its class frees beside flows
+  with more.
+- ``fcfs``: the oldest waiter of the class goes next (the comparison, and the positive control of the tests).
+
+Imports nothing of the gateway but the request context and the policy's schema.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import collections
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from gateway.context import RequestContext
+from gateway.policy.schema import SchedulingPolicy
+
+ACTIVE_S = 10.0  # a flow that asked within this long is active (others hold its headroom), queued or not
+
+
+@dataclass(eq=False, slots=True)
+class Flow:
+    klass: str
+    tenant: str
+    weight: float = 1.0
+    waiters: collections.deque[Waiter] = field(default_factory=collections.deque)
+    held: int = 0  # granted and not yet released
+    counter: float = 0.0  # tokens served / weight, the requests in flight at their estimates
+    pending: float = 0.0  # of which the estimates of the requests in flight
+    seen: float = 0.0  # when it last asked
+    peak: int = 1  # the most requests it had at once (held and queued) since it was created
+
+    def active(self, now: float) -> bool:
+        return bool(self.held or self.waiters) or now - self.seen < ACTIVE_S
+
+
+@dataclass(eq=False, slots=True)
+class Waiter:
+    ctx: RequestContext
+    flow: Flow
+    cost: int  # tokens: prompt estimate + max_tokens (what the grant charges)
+    size: int  # bytes held while queued
+    enqueued_at: float
+    future: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class Fairness(abc.ABC):
+    """Which backlogged flow of a class goes next."""
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def key(self, flow: Flow) -> tuple[float, float, float]:
+        """The flow with the least key goes next (``flow`` has a waiter)."""
+
+
+class ServedTokens(Fairness):
+    name = "served_tokens"
+
+    def key(self, flow: Flow) -> tuple[float, float, float]:
+        return flow.counter, flow.held + len(flow.waiters), flow.waiters[0].enqueued_at
+
+
+class Fcfs(Fairness):
+    name = "fcfs"
+
+    def key(self, flow: Flow) -> tuple[float, float, float]:
+        return flow.waiters[0].enqueued_at, 0.0, 0.0
+
+
+FAIRNESS: dict[str, Fairness] = {policy.name: policy for policy in (ServedTokens(), Fcfs())}
+
+
+def fairness_of(scheduling: SchedulingPolicy) -> Fairness:
+    """The fairness policy the scheduling policy names."""
+    return FAIRNESS[scheduling.fairness]
+
+
+class ClassQueue:
+    """One class's flows (the registry: created by ``arrive``, collected by ``collect``) and its waiters."""
+
+    def __init__(self) -> None:
+        self.flows: dict[str, Flow] = {}
+        self.count = 0  # waiters queued
+
+    def arrive(self, klass: str, tenant: str, weight: float, now: float) -> Flow:
+        """The flow of ``tenant``, created on its first request; one that held and queued nothing is lifted to
+        the least counter of the flows queueing (of those holding, when none queues), less their requests in
+        flight (their estimates may yet be credited back), so idling earns no credit."""
+        flow = self.flows.get(tenant)
+        if flow is None:
+            flow = self.flows[tenant] = Flow(klass, tenant, weight)
+        if not flow.held and not flow.waiters:
+            flow.counter = max(flow.counter, self._floor())
+        flow.weight, flow.seen = weight, now
+        flow.peak = max(flow.peak, flow.held + len(flow.waiters) + 1)
+        return flow
+
+    def push(self, waiter: Waiter) -> None:
+        waiter.flow.waiters.append(waiter)
+        self.count += 1
+
+    def pop(self, fairness: Fairness, skip: set[Flow] | frozenset[Flow] = frozenset()) -> Waiter | None:
+        """The head of the flow that goes next (not one of ``skip``)."""
+        candidates = [f for f in self.flows.values() if f.waiters and f not in skip]
+        if not candidates:
+            return None
+        waiter = min(candidates, key=fairness.key).waiters.popleft()
+        self.count -= 1
+        return waiter
+
+    def remove(self, waiter: Waiter) -> bool:
+        if waiter not in waiter.flow.waiters:
+            return False
+        waiter.flow.waiters.remove(waiter)
+        self.count -= 1
+        return True
+
+    def active(self, now: float) -> list[Flow]:
+        return [f for f in self.flows.values() if f.active(now)]
+
+    def over_share(self, room: int, now: float, elsewhere: dict[str, int] | None = None) -> set[Flow]:
+        """The flows holding at least an equal share of ``room`` while two or more are active (``elsewhere``:
+        what other gateway processes report each tenant holds, counted in). A flow alone is never over."""
+        others = elsewhere or {}
+        active = {f.tenant: f for f in self.active(now)}
+        tenants = active.keys() | others.keys()
+        if len(tenants) < 2:
+            return set()
+        fair = room / len(tenants)
+        return {f for f in active.values() if f.held + others.get(f.tenant, 0) >= fair}
+
+    def headroom(self, room: int, cap: int, now: float) -> tuple[set[Flow], int]:
+        """The flows over their share, and the slots they leave free: one, or more if the flows under their share
+        need more to start their bursts at once (each up to its peak and its share); at most ``cap``."""
+        active = self.active(now)
+        if len(active) < 2 or cap <= 0:
+            return set(), 0
+        fair = room / len(active)
+        over = {f for f in active if f.held >= fair}
+        need = sum(max(0, min(f.peak, math.ceil(fair)) - f.held) for f in active if f not in over)
+        return over, min(max(1, need), cap)
+
+    def victim(self, spared: Flow) -> Waiter | None:
+        """Who is refused in place of a request of ``spared``: the newest waiter of the flow served most (by
+        counter, then slots held), if it comes after ``spared`` in that order."""
+        later = [f for f in self.flows.values() if f.waiters and (f.counter, f.held) > (spared.counter, spared.held)]
+        return max(later, key=lambda f: (f.counter, f.held)).waiters[-1] if later else None
+
+    def ahead_of(self, flow: Flow) -> int:
+        """How many waiters go before a new one of ``flow``: its own, and of each other flow as many as one more
+        than its own (fair turns; a forecast may leave token sizes out)."""
+        own = len(flow.waiters)
+        return own + sum(min(len(f.waiters), own + 1) for f in self.flows.values() if f is not flow)
+
+    def newest(self) -> Waiter | None:
+        """The most recently queued waiter (the first to shed when a higher class needs room)."""
+        tails = [f.waiters[-1] for f in self.flows.values() if f.waiters]
+        return max(tails, key=lambda w: w.enqueued_at) if tails else None
+
+    def oldest_wait(self, now: float) -> float:
+        heads = [f.waiters[0].enqueued_at for f in self.flows.values() if f.waiters]
+        return now - min(heads) if heads else 0.0
+
+    def collect(self, now: float) -> None:
+        """Drop the flows idle (nothing held or queued, not asked for ACTIVE_S) whose counter is no more than the
+        one a returning flow is lifted to (every idle one, when none is busy: there is nobody to be fair to):
+        they lose nothing, and the registry stays bounded."""
+        floor = self._floor()
+        floor = math.inf if floor == -math.inf else floor
+        for tenant in [t for t, f in self.flows.items() if not f.active(now) and f.counter <= floor]:
+            del self.flows[tenant]
+
+    def _floor(self) -> float:
+        """What a returning flow is lifted to: the least counter of the flows queueing (of those holding, when
+        none queues; -inf with neither), less their requests in flight (their estimates may be credited back)."""
+        busy = [f.counter - f.pending for f in self.flows.values() if f.waiters] or \
+            [f.counter - f.pending for f in self.flows.values() if f.held]
+        return min(busy, default=-math.inf)
