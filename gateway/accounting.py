@@ -27,7 +27,7 @@ from gateway.ledger.writer import LedgerWriter
 from gateway.ops import logs
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.tracing import Tracer
-from gateway.ratelimit import RateLimiter
+from gateway.ratelimit import Charge, RateLimiter
 from gateway.spend.service import Spend
 
 log = logging.getLogger("tollgate.accounting")
@@ -93,7 +93,8 @@ def ratelimit_settlement(ratelimit: RateLimiter | None) -> Observer | None:
             hit = bool(ctx.cache and ctx.cache.startswith("hit"))
             ran = hit or ctx.timings.upstream_connect is not None
             used = 0 if hit else (ctx.prompt_tokens or 0) + (ctx.completion_tokens or 0)
-            settle(ctx.charge, used, ran)  # type: ignore[arg-type]
+            assert isinstance(ctx.charge, Charge)  # the limiter's own, stored by the pipeline
+            settle(ctx.charge, used, ran)
     return settle_ratelimit
 
 
@@ -110,24 +111,21 @@ def ledger_record(ledger: LedgerWriter | None) -> Observer | None:
 
 def metrics_update(metrics: GatewayMetrics) -> Observer:
     child = metrics.child
+    requests, errors, tokens, spent = metrics.requests.add, metrics.errors.add, metrics.tokens.add, metrics.cost.add
 
     def count(ctx: RequestContext, finished_at: float) -> None:
         t = ctx.timings
         tier, model = ctx.label, ctx.served_model or "none"  # the class the request ran in: batch lines count as batch
         if ctx.cost_usd and ctx.tenant is not None:
-            child(metrics.cost, ctx.tenant.name, model).inc(ctx.cost_usd)
-        queue_wait, connect, ttft, tpot, duration = metrics.stage_children(tier, model)
-        for stage, value in ((queue_wait, t.queue_wait), (connect, t.upstream_connect), (ttft, t.ttft),
-                             (tpot, t.tpot), (duration, t.total)):
-            if value is not None:
-                stage.observe(value)
-        child(metrics.requests, tier, model, str(ctx.status)).inc()
+            spent((ctx.tenant.name, model), ctx.cost_usd)
+        metrics.observe_stages(tier, model, (t.queue_wait, t.upstream_connect, t.ttft, t.tpot, t.total))
+        requests((tier, model, str(ctx.status)))
         if ctx.error:
-            child(metrics.errors, tier, model, ctx.error).inc()
+            errors((tier, model, ctx.error))
         if ctx.prompt_tokens:
-            child(metrics.tokens, tier, model, "prompt").inc(ctx.prompt_tokens)
+            tokens((tier, model, "prompt"), ctx.prompt_tokens)
         if ctx.completion_tokens:
-            child(metrics.tokens, tier, model, "completion").inc(ctx.completion_tokens)
+            tokens((tier, model, "completion"), ctx.completion_tokens)
         if ctx.cache:
             child(metrics.cache_requests, tier, ctx.cache).inc()
             if ctx.cache.startswith("hit"):

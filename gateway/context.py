@@ -5,14 +5,29 @@ Each field has one writer (named beside it), so a reader knows where a value cam
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gateway.endpoints.base import Endpoint
 from gateway.policy.loader import PolicySnapshot, TenantView
 
+if TYPE_CHECKING:
+    from gateway.policy.schema import Tier
+
 Headers = list[tuple[bytes, bytes]]
+# x-tollgate-cache's value: an outcome, then parameters whose values are tokens (a reason) or a similarity.
+CACHE_HEADER = re.compile(r"(hit-exact|hit-semantic|miss|bypass|off)(; [a-z]+=[A-Za-z0-9_.:-]+)*")
+_TOKEN = re.compile(r"[A-Za-z0-9_.:-]+")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]+")
+
+
+class Charged(Protocol):
+    """What the rate limiter charged a request (gateway.ratelimit.Charge, a layer above this leaf): the answer
+    carries its headroom as headers."""
+
+    def headers(self) -> Headers: ...
 STAGES = ("queue_wait", "cache", "upstream_connect", "ttft", "tpot", "total")
 
 
@@ -61,9 +76,10 @@ class Timings:
     tpot: float | None = None  # pipeline (from the relay's token timing)
     total: float | None = None  # accounting (Finish)
 
-    def first_byte(self) -> None:
-        """Stamp TTFT: called by whatever produces the answer's first byte (the relay or a cache hit)."""
-        self.ttft = time.perf_counter() - self.start
+    def first_byte(self) -> float:
+        """Stamp TTFT: called by whatever produces the answer's first byte (the relay or a cache hit). Returns it."""
+        self.ttft = ttft = time.perf_counter() - self.start
+        return ttft
 
     def server_timing(self) -> bytes:
         parts = []
@@ -72,12 +88,6 @@ class Timings:
             if value is not None:
                 parts.append(f"{name};dur={value * 1000:.3f}")
         return ", ".join(parts).encode()
-
-
-class Limited(Protocol):
-    """What the rate limiter charged (gateway.ratelimit.Charge): it says the limits' headroom as headers."""
-
-    def headers(self) -> Headers: ...
 
 
 @dataclass(slots=True)
@@ -95,10 +105,12 @@ class RequestContext:
     tags: str | None = None  # openai_api.prepare: cost centres from metadata, user and X-Tollgate-Tags (gateway.tags)
     # pipeline.run: the tenant's tier, or a lower class the request asked for; then what spend.admit returns
     # (batch, for the cost-anomaly action "downgrade"), before the scheduler reads it
-    service_class: str = "standard"  # pipeline (as above)
+    service_class: Tier = "standard"  # pipeline (as above)
     max_tokens_applied: str | None = None  # openai_api: prepare, or clamp_output (the anomaly clamp)
-    cache: str | None = None  # cache.decision.decide: hit-exact | hit-semantic | miss | bypass
+    cache: str | None = None  # cache.decision.decide: hit-exact | hit-semantic | miss | bypass (| off)
     cache_similarity: float | None = None  # cache.decision.decide
+    cache_reason: str | None = None  # cache.decision.decide: why a bypass (or an off, or a miss's language)
+    cache_nearest: float | None = None  # cache.decision: a miss's best cosine in its (the tenant's own) scope
     worker: str | None = None  # upstream.dispatch
     route: str | None = None  # upstream.dispatch: why that worker (prefix 12/25 | session | hash | load)
     attempts: int = 0  # upstream.dispatch
@@ -110,7 +122,7 @@ class RequestContext:
     cached_tokens: int | None = None  # pipeline.run: prompt tokens the worker's prefix cache served
     usage_estimated: bool = False  # pipeline.run: the worker took it but sent no usage; tokens are estimates
     reservation: object | None = None  # spend.service (Spend.admit): the budget reservation to settle
-    charge: Limited | None = None  # pipeline.run: what the rate limiter charged (ratelimit.Charge), to settle
+    charge: Charged | None = None  # pipeline.run: what the rate limiter charged, to settle (and its headroom headers)
     cost_usd: float = 0.0  # accounting (Finish)
     price_version: str | None = None  # accounting (Finish)
     error: str | None = None  # pipeline.fail: the outcome's code
@@ -133,13 +145,31 @@ class RequestContext:
         stages = self.timings.server_timing()
         return stages + b', route;desc="' + self.route.encode() + b'"' if self.route else stages
 
+    def cache_header(self) -> bytes:
+        """``x-tollgate-cache``: ``<outcome>[; key=value]*`` (CACHE_HEADER is its grammar). The outcome is
+        hit-exact, hit-semantic, miss, bypass or off (the audit turned the scope's semantic layer off); ``reason``
+        says why a bypass or an off (or a miss's language the semantic layer does not serve), ``nearest`` a miss's
+        best similarity among its tenant's entries. A hit is bare: its similarity has a header of its own."""
+        outcome, reason, nearest = self.cache or "", self.cache_reason, self.cache_nearest
+        if (reason is None and nearest is None and outcome != "off") or outcome.startswith("hit"):
+            return outcome.encode()
+        if outcome == "off" or (reason is not None and reason.startswith("audit")):
+            outcome, reason = "off", reason or "audit"
+        value = outcome
+        if reason is not None:
+            value += "; reason=" + (reason if _TOKEN.fullmatch(reason) else _UNSAFE.sub("_", reason) or "unknown")
+        if nearest is not None and outcome == "miss":
+            value += f"; nearest={nearest:.4f}"
+        return value.encode()
+
     def response_headers(self) -> Headers:
         """The gateway's own headers on every answer, from what the steps so far decided."""
         headers = [(b"x-request-id", self.request_id.encode())]
         if self.max_tokens_applied is not None:
             headers.append((b"x-tollgate-max-tokens", self.max_tokens_applied.encode()))
-        if self.cache is not None:
-            headers.append((b"x-tollgate-cache", self.cache.encode()))
+        if self.cache is not None:  # bare (most answers): no call; else with its parameters
+            bare = self.cache_reason is None and self.cache_nearest is None and self.cache != "off"
+            headers.append((b"x-tollgate-cache", self.cache.encode() if bare else self.cache_header()))
         if self.cache_similarity is not None:
             headers.append((b"x-tollgate-cache-similarity", f"{self.cache_similarity:.4f}".encode()))
         if self.answered_by is not None:

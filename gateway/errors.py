@@ -43,6 +43,12 @@ class NotAuthenticated(GatewayError):
     code = "invalid_api_key"
 
 
+class KeyRevoked(NotAuthenticated):
+    """Work submitted under a key that is no longer live (revoked, expired, its tenant gone): a batch's lines."""
+
+    code = "key_revoked"
+
+
 class NotPermitted(GatewayError):
     """A known caller asking for something its role or tenant may not have."""
 
@@ -91,9 +97,14 @@ class Shed(TryLater):
 
 
 class RateLimited(TryLater):
-    """The tenant's requests or tokens per minute are used up until the window moves."""
+    """The tenant's requests or tokens per minute are used up until the window moves. ``headers``: the
+    x-ratelimit-* headers of the limits, as a success carries them."""
 
     code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, retry_after_s: float, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.headers = headers or []
 
 
 class TenantBusy(TryLater):
@@ -133,6 +144,18 @@ class UpstreamFailed(GatewayError):
 
     def __init__(self, phase: str, reason: str) -> None:
         super().__init__(self._MESSAGES[phase], self._CODES[phase])
+        self.phase = phase
+        self.reason = reason
+
+
+class AnswerTooLarge(UpstreamFailed):
+    """The worker's answer was larger than the gateway relays (the pool's ``max_answer_bytes``). Never retried
+    on another worker (it would make the same answer again), never the worker's fault (no cooldown), and billed
+    at the request's completion bound: the engine generated it, whatever the client got."""
+
+    def __init__(self, phase: str, reason: str) -> None:
+        GatewayError.__init__(self, "The answer was larger than this gateway relays in one answer; lower n, "
+                              "max_tokens or the number of log-probabilities.", "answer_too_large")
         self.phase = phase
         self.reason = reason
 

@@ -134,9 +134,30 @@ async def prepare(ctx: RequestContext, raw: bytes, tags_header: bytes | None = N
                     cache_salt=salt)
     ctx.max_tokens_applied = apply_max_tokens(body, ctx.tenant, field)
     ctx.stream = bool(body.get("stream"))
+    sequences = endpoint.sequences(body)
+    if pool is not None:
+        # the prompt at its bound (a byte a token): dense punctuation comes near it, and an echo repeats it
+        fits(body, endpoint.answer_bytes(body, int(body[field]) * sequences, sequences, len(raw), ctx.stream),
+             pool.max_answer_bytes, field)
     wants_usage, wants_continuous = endpoint.ask_usage(body, ctx.stream)
     return Call(body, route, wants_usage, wants_continuous, engine_priority, len(raw), int(body[field]), field,
-                endpoint.sequences(body), cache_salt=salt)
+                sequences, cache_salt=salt)
+
+
+def fits(body: dict[str, Any], need: int, cap: int, field: str) -> None:
+    """Refuse, before any worker generates it, an answer larger than the gateway relays (the pool's
+    ``max_answer_bytes``): a worker would make it whole, and the gateway would have to drop it."""
+    if need <= cap:
+        return
+    named = (("n", 2), ("best_of", 2), (field, 1), ("logprobs", True), ("top_logprobs", 1), ("prompt_logprobs", -1))
+    asked = [f"{name}={orjson.dumps(body[name]).decode()}" for name, least in named
+             if body.get(name) is not None and body[name] is not False and body[name] >= least]
+    raise InvalidRequest(f"The answer to this request could take about {need / _MIB:,.0f} MiB "
+                         f"({', '.join(asked)}), over the {cap / _MIB:g} MiB this gateway relays in one answer: "
+                         "lower n, max_tokens or the number of log-probabilities.", "answer_too_large", param=field)
+
+
+_MIB = 1 << 20
 
 
 def cache_salt(tenant: TenantView, body: dict[str, Any]) -> str | None:

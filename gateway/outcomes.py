@@ -40,7 +40,7 @@ def status_of(exc: errors.GatewayError) -> tuple[int, str]:
     if isinstance(exc, errors.WorkerRejected):
         return exc.worker_status, "invalid_request_error"
     for kind in type(exc).__mro__:
-        found = _STATUS.get(kind)  # type: ignore[arg-type]
+        found = _STATUS.get(kind)
         if found is not None:
             return found
     return _STATUS[errors.GatewayError]
@@ -56,9 +56,10 @@ def body_of(exc: errors.GatewayError) -> bytes:
 
 
 def headers_of(exc: errors.GatewayError) -> Headers:
-    """Retry-After (whole seconds, at least 1) on everything that may pass later."""
+    """Retry-After (whole seconds, at least 1) on everything that may pass later; a rate limit's x-ratelimit-*."""
     if isinstance(exc, errors.TryLater):
-        return [(b"retry-after", str(max(1, math.ceil(exc.retry_after_s))).encode())]
+        retry = [(b"retry-after", str(max(1, math.ceil(exc.retry_after_s))).encode())]
+        return [*retry, *exc.headers] if isinstance(exc, errors.RateLimited) else retry
     return []
 
 

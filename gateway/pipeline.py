@@ -22,29 +22,29 @@ from gateway import openai_api
 from gateway.cache import replay
 from gateway.cache.decision import CacheDecision, decide, settle
 from gateway.cache.service import Lookup
-from gateway.context import RequestContext
+from gateway.context import Headers, RequestContext
 from gateway.endpoints.responses import Home
-from gateway.errors import ClientGone, GatewayError, NotFound, Shed, Unavailable
+from gateway.errors import AnswerTooLarge, ClientGone, GatewayError, NotFound, Shed, Unavailable, UpstreamFailed
 from gateway.fleet.worker import Worker
-from gateway.policy.schema import TIERS, ModelRoute
+from gateway.policy.schema import TIERS, ModelRoute, Tier
 from gateway.routing.affinity import Affinity
 from gateway.runtime import Gateway
 from gateway.scheduling.controller import Controller
 from gateway.scheduling.queues import PoolState
-from gateway.sink import Headers, Sink
+from gateway.sink import Sink
 from gateway.transport.http1 import Response
-from gateway.upstream.dispatch import dispatch
-from gateway.upstream.errors import UpstreamFailed, worker_errors
+from gateway.upstream.dispatch import Dispatch
+from gateway.upstream.errors import TRANSPORT_ERRORS, worker_failure
 from gateway.upstream.pools import UpstreamPool
 from gateway.upstream.relay import Relayed, Rename, relay_body, relay_stream, renaming
 
 log = logging.getLogger("tollgate.pipeline")
 
 
-def lower_class(tier: str, asked: str | None) -> str:
+def lower_class(tier: Tier, asked: str | None) -> Tier:
     """The class a request runs in: its tenant's tier, or a lower one it asked for (unknown names are ignored)."""
-    if asked in TIERS and TIERS.index(asked) > TIERS.index(tier):  # type: ignore[arg-type]
-        return asked  # type: ignore[return-value]
+    if asked in TIERS and TIERS.index(asked) > TIERS.index(tier):
+        return asked
     return tier
 
 
@@ -74,8 +74,8 @@ class Lifecycle:
                 log.error("unhandled error in request %s", ctx.request_id, exc_info=exc)
                 await fail(ctx, sink, GatewayError("Internal error in the gateway."))
         finally:
-            left = ctx.error == ClientGone.code or sink.status is None
-            ctx.status = 499 if left else sink.status  # type: ignore[assignment]
+            status = sink.status
+            ctx.status = 499 if ctx.error == ClientGone.code or status is None else status
             gw.finish(ctx)
         return isinstance(exc, Exception)
 
@@ -104,10 +104,10 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
         return
     ctx.service_class = await gw.spend.admit(ctx, call)  # may clamp, downgrade or refuse; reserves the worst case
     relayed = Relayed()
-    semantic = decision.semantic if decision is not None else None
-    if semantic is None:
+    if decision is None or decision.semantic is None:
         await fresh(gw, ctx, call, sink, relayed, decision, session, pinned)
     else:
+        semantic = decision.semantic
         if ctx.service_class == "batch":  # nobody waits on a batch line's first token: a hit saves the engine
             await asyncio.wait({semantic})
         gate = Gate(sink, semantic, decision.semantic_due)
@@ -115,7 +115,7 @@ async def run(gw: Gateway, ctx: RequestContext, raw: bytes, sink: Sink, cache_co
         settle(ctx, decision, found, gw.metrics)
         if found is not None and found.hit:
             await serve_hit(ctx, found, sink, call.wants_usage)
-            assert gw.cache is not None and decision is not None and decision.key is not None
+            assert gw.cache is not None and decision.key is not None
             gw.cache.served(decision.key, found, call.body, ctx.snapshot.policy.cache)
             return
     ctx.timings.tpot = relayed.tpot
@@ -140,7 +140,8 @@ async def fresh(gw: Gateway, ctx: RequestContext, call: openai_api.Call, sink: S
         ended = exc
         raise
     finally:  # also when the client left or the worker failed: what was delivered is counted
-        count_tokens(ctx, relayed, call.prompt_estimate, sink.status, call.max_output * call.sequences)
+        count_tokens(ctx, relayed, call.prompt_estimate, sink.status, call.max_output * call.sequences,
+                     oversized=isinstance(ended, AnswerTooLarge))
         gw.scheduler.release(ctx, admission, ended)
         if ctx.endpoint.homed and ctx.worker is not None and sink.status is not None:  # where a follow-up must go
             start = relayed.head if ctx.stream else (relayed.captured or b"")[:512]
@@ -242,7 +243,7 @@ async def retrieve(gw: Gateway, ctx: RequestContext, rid: str, sink: Sink) -> No
         raise Unavailable("The worker holding this response is not available now.", "previous_response_unavailable")
     ctx.charge = await gw.ratelimit.check(ctx.tenant, 0)
     with gw.scheduler.tenant_held(ctx):
-        async with dispatch(ctx, pool, f"/v1/responses/{quote(rid, safe='')}", b"", pinned=home.worker,
+        async with Dispatch(ctx, pool, f"/v1/responses/{quote(rid, safe='')}", b"", pinned=home.worker,
                             method=b"GET", client=pool.reads) as (worker, response):
             if response.status == 404:
                 raise NotFound("The worker that made this response no longer holds it (it restarted).",
@@ -304,10 +305,8 @@ async def exchange(ctx: RequestContext, pool: UpstreamPool, payload: bytes, sink
     """Dispatch to a worker (``pinned``: only that one) and relay its answer to the sink; ``relayed`` learns what
     went by. ``admission``: what ``scheduler.admit`` returned for the request; ``rename``: the answer's model
     member as the worker writes it and as the client is shown it, where they differ."""
-    room = scheduler.with_room(admission, ctx.snapshot.policy.scheduling, ctx)
-    on_send = functools.partial(scheduler.sent, ctx, admission, len(payload))
-    async with dispatch(ctx, pool, ctx.endpoint.path, payload, affinity, pinned, room,
-                        on_send=on_send) as (worker, response):
+    room = scheduler.with_room(admission, ctx.snapshot.policy.scheduling)
+    async with Dispatch(ctx, pool, ctx.endpoint.path, payload, affinity, pinned, room) as (worker, response):
         if 200 <= response.status < 300 and encoded(response):
             await _unreadable(ctx, worker, response, relayed, pool.spec.cooldown_s)
         if ctx.stream and response.status == 200:
@@ -331,8 +330,10 @@ async def _unreadable(ctx: RequestContext, worker: Worker, response: Response, r
     """Refuse a compressed answer with a 502. A whole body is read first (it is the work done, and its size is
     the completion's estimate, see count_tokens); a stream is dropped at once, so the engine stops."""
     if not ctx.stream:
-        with worker_errors(worker, "head", cooldown_s):
+        try:
             relayed.captured = await response.read()
+        except TRANSPORT_ERRORS as exc:
+            raise worker_failure(worker, "head", cooldown_s, exc) from None
         response.release()
         relayed.answered = True
     raise UpstreamFailed("head", f"content-encoding {response.header(b'content-encoding')!r}")
@@ -357,7 +358,7 @@ def _count(value: object) -> int | None:
 
 
 def count_tokens(ctx: RequestContext, relayed: Relayed, prompt_estimate: int, delivered: int | None,
-                 most_out: int) -> None:
+                 most_out: int, oversized: bool = False) -> None:
     """The tokens a request used, from the worker's usage: its final one, or for a cut stream the latest per-chunk
     usage. Without readable usage from a worker that took the request (a non-streamed answer the client left
     before, a worker that died, one without continuous usage, a 2xx without usage, a compressed answer), the
@@ -368,7 +369,15 @@ def count_tokens(ctx: RequestContext, relayed: Relayed, prompt_estimate: int, de
     ``most_out`` is what the request let the engine generate (max_tokens for every sequence; 0 for embeddings):
     a completion counted or estimated past it is not one the engine made, so it is billed at that bound and the
     record says so (the reservation held exactly that much). The prompt has no such bound: an image in a message
-    is a URL in the body and hundreds of tokens in the engine."""
+    is a URL in the body and hundreds of tokens in the engine.
+
+    An answer dropped for its size (``oversized``) is billed at that bound, estimated: the engine generated at
+    least what the gateway could not hold, and nothing it reported can be read."""
+    if oversized:  # the prompt as the worker counted it, when a chunk said so
+        counted = _count((relayed.usage or {}).get("prompt_tokens"))
+        ctx.prompt_tokens = counted if counted is not None else prompt_estimate
+        ctx.completion_tokens, ctx.usage_estimated = most_out, True
+        return
     usage = relayed.usage or {}
     # an embeddings answer has no completion_tokens; the Responses API says input_ and output_tokens
     prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))

@@ -15,7 +15,9 @@ from gateway.errors import GatewayError
 
 
 class Sink(Protocol):
-    status: int | None  # set by the first start(); None until then
+    @property
+    def status(self) -> int | None:
+        """The status the first start() sent; None until then. Read-only to the pipeline: only start() sets it."""
 
     async def start(self, status: int, headers: Headers) -> None:
         """Begin the answer. Exactly once; a second call is a bug (RuntimeError)."""

@@ -33,13 +33,16 @@ class Question:
     ``system``: the system prompts, part of the scope (None where the API has none). ``earlier``: the turns
     before the last question, which the semantic layer cannot compare, so they join the scope (None: there are
     none). ``text``: what the semantic layer compares; "" for an answer matched exactly only, which has no output
-    to bound (embeddings)."""
+    to bound (embeddings). ``temperature``: what the request samples at (the policy's ``default_temperature``
+    when it sends none); None for an API that does not sample. Whether that keeps it from the cache, and whether
+    it joins the scope, is the tenant's cacheability (gateway.cache.keys)."""
 
     params: dict[str, Any]
     exact: Any
     system: list[str] | None = None
     earlier: Any = None
     text: str = ""
+    temperature: float | None = None
 
 
 class Endpoint:
@@ -49,6 +52,7 @@ class Endpoint:
     find that worker). One module-level object per API: a request holds it, never a copy."""
 
     __slots__ = ("homed", "model_kind", "name", "operation", "path")
+    samples = False  # its body may send a temperature (its Question carries one)
 
     def __init__(self, name: str, path: str, operation: str | None = None,
                  model_kind: Literal["generate", "embed"] = "generate", homed: bool = False) -> None:
@@ -72,6 +76,13 @@ class Endpoint:
     def sequences(self, body: dict[str, Any]) -> int:
         """How many sequences (or, with no output, inputs) a validated body asks the engine for."""
         return 1
+
+    def answer_bytes(self, body: dict[str, Any], tokens_out: int, sequences: int, prompt_tokens: int,
+                     stream: bool) -> int:
+        """About how many bytes the answer to a validated body takes at most, when it generates ``tokens_out``
+        tokens over its ``sequences`` from a prompt of at most ``prompt_tokens``: what is held against the pool's
+        answer cap before dispatch (0: an API whose answer this cannot tell)."""
+        return 0
 
     def ask_usage(self, body: dict[str, Any], stream: bool) -> tuple[bool, bool]:
         """Ask the worker for what the ledger needs, in place; returns what the client itself asked for: (the

@@ -24,7 +24,13 @@ class Completions(Generation):
             isinstance(prompt, list) and prompt and all(isinstance(p, str | int | list) for p in prompt))
         if not ok:
             raise bad("prompt", "'prompt' must be a non-empty string, array of strings, or array of token ids.")
+        if body.get("max_completion_tokens") is not None:  # chat's name: vLLM's completions ignore it and would
+            raise bad("max_completion_tokens",  # generate max_tokens, unbounded by the policy and the meter
+                      "'max_completion_tokens' is not a parameter of the completions API: use 'max_tokens'.")
         return model
+
+    def output_field(self, body: dict[str, Any]) -> str:
+        return "max_tokens"
 
     def asked(self, body: dict[str, Any], spec: CachePolicy) -> Asked | str:
         """A text prompt is the question; a list of prompts or of token ids is not one the cache compares."""

@@ -8,6 +8,7 @@ import abc
 import re
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -33,6 +34,15 @@ def norm(text: str) -> str:
     return _SPACE.sub(" ", text).strip()
 
 
+_BOUNDED: dict[str, tuple[Callable[..., None], float, float | None]] = {
+    "temperature": (number, 0, 2), "top_p": (number, 0, 1), "presence_penalty": (number, -2, 2),
+    "frequency_penalty": (number, -2, 2), "n": (integer, 1, 128), "best_of": (integer, 1, 128),
+    "max_tokens": (integer, 1, None), "max_completion_tokens": (integer, 1, None),
+    "seed": (integer, -(2**63), 2**64 - 1), "top_logprobs": (integer, 0, None),
+    "prompt_logprobs": (integer, -1, None),  # vLLM's; -1: the whole vocabulary
+}
+
+
 def validate_sampling(body: dict[str, Any]) -> str:
     """Checks shared by chat and completions; returns the model name."""
     model = model_of(body)
@@ -45,15 +55,12 @@ def validate_sampling(body: dict[str, Any]) -> str:
             raise bad("stream_options", "'stream_options' must be an object.")
         if not stream:
             raise bad("stream_options", "'stream_options' is only allowed when 'stream' is true.")
-    number(body, "temperature", 0, 2)
-    number(body, "top_p", 0, 1)
-    number(body, "presence_penalty", -2, 2)
-    number(body, "frequency_penalty", -2, 2)
-    integer(body, "n", 1, 128)
-    integer(body, "best_of", 1, 128)
-    integer(body, "max_tokens", 1)
-    integer(body, "max_completion_tokens", 1)
-    integer(body, "seed", -(2**63), 2**64 - 1)
+    for name in sorted(_BOUNDED.keys() & body.keys()):  # only what the body holds: most hold one or two
+        check, low, high = _BOUNDED[name]
+        check(body, name, low, high)
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):  # chat's is a flag, completions' a count
+        integer(body, "logprobs", 0)
     stop = body.get("stop")
     if stop is not None and not isinstance(stop, str) and not (
             isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
@@ -61,9 +68,32 @@ def validate_sampling(body: dict[str, Any]) -> str:
     return model
 
 
-def _temperature_bucket(value: object) -> str:
-    t = float(value)  # type: ignore[arg-type]
-    return "0" if t == 0 else f"<={min(2.0, (int(t * 10) + 1) / 10):.1f}"
+# What an answer takes, to hold a request's answer against the pool's cap before it is sent (from vLLM's answer
+# shapes; the cap is in bytes, the engine counts tokens): its frame (id, usage, vLLM's own members) and each
+# choice's; one token's text in a whole answer's JSON (32: a byte-level BPE token of up to 16 bytes, escaped, or a
+# run of spaces); a streamed token's own event, with the usage the gateway asks for on every chunk; one
+# log-probability entry (token, logprob, the token's bytes as numbers). VOCABULARY stands in for prompt_logprobs -1.
+# tests/inprocess/test_answer_size.py holds them against the simulated vLLM's longest answers.
+ANSWER_BYTES, CHOICE_BYTES, TOKEN_BYTES, CHUNK_BYTES, LOGPROB_BYTES, VOCABULARY = 1024, 256, 32, 384, 160, 32_000
+
+
+def logprob_entries(body: dict[str, Any]) -> int:
+    """Log-probability entries per generated token: 0 without logprobs, else the token's own and its alternatives
+    (chat: ``logprobs: true`` with ``top_logprobs``; completions: ``logprobs: k``)."""
+    asked = body.get("logprobs")
+    if asked is True:
+        return 1 + (body.get("top_logprobs") or 0)
+    if isinstance(asked, int) and not isinstance(asked, bool):
+        return 1 + asked
+    return 0
+
+
+def prompt_logprob_entries(body: dict[str, Any]) -> int:
+    """Log-probability entries per prompt token of vLLM's ``prompt_logprobs`` (once an answer)."""
+    asked = body.get("prompt_logprobs")
+    if asked is None:
+        return 0
+    return VOCABULARY if asked < 0 else 1 + asked
 
 
 class Generation(Endpoint, abc.ABC):
@@ -71,6 +101,7 @@ class Generation(Endpoint, abc.ABC):
     (``asked``) and where its choices hold the text (``text_of``, ``piece_of``, ``choice``, ``chunk_choice``)."""
 
     __slots__ = ()
+    samples = True
     answer_object = ""  # a whole answer's "object"
     chunk_object = ""  # a stream chunk's "object"
     id_prefix = ""  # of the ids a replay makes up
@@ -84,6 +115,18 @@ class Generation(Endpoint, abc.ABC):
         prompt = body.get("prompt")
         prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
         return prompts * max(body.get("n") or 1, body.get("best_of") or 1)
+
+    def answer_bytes(self, body: dict[str, Any], tokens_out: int, sequences: int, prompt_tokens: int,
+                     stream: bool) -> int:
+        event = CHUNK_BYTES + len(body["model"])  # every event names the model
+        per_token = event if stream else TOKEN_BYTES
+        per_choice = 2 * event if stream else CHOICE_BYTES  # a stream's role and finish events; a choice's frame
+        need = ANSWER_BYTES + sequences * per_choice + tokens_out * per_token
+        if "logprobs" in body or "prompt_logprobs" in body:
+            need += LOGPROB_BYTES * (tokens_out * logprob_entries(body) + prompt_tokens * prompt_logprob_entries(body))
+        if body.get("echo"):  # completions: every choice carries its prompt, with its logprobs when asked
+            need += sequences * prompt_tokens * (TOKEN_BYTES + LOGPROB_BYTES * logprob_entries(body))
+        return need
 
     def ask_usage(self, body: dict[str, Any], stream: bool) -> tuple[bool, bool]:
         """The ledger needs the usage, and on every chunk, so that a stream cut anywhere is still counted
@@ -107,11 +150,6 @@ class Generation(Endpoint, abc.ABC):
             return "n_gt_1"
         if body.get("logprobs") or body.get("echo"):
             return "logprobs"
-        temperature = body.get("temperature")
-        if temperature is None:  # the engine samples at its default (vLLM's and OpenAI's: 1.0)
-            temperature = spec.default_temperature
-        if temperature > spec.max_temperature:
-            return "temperature"
         if not spec.tools and (body.get("tools") or body.get("functions")):
             return "tools"
         asked = self.asked(body, spec)
@@ -121,10 +159,12 @@ class Generation(Endpoint, abc.ABC):
         if not text:
             return "empty"
         params = {name: body[name] for name in _ANSWER_PARAMS if body.get(name) is not None}
-        params["temperature"] = _temperature_bucket(temperature)
         if body.get("tools"):
             params["tools"] = body["tools"]
-        return Question(params, history, system, history[:-1] if earlier_turns else None, text)
+        temperature = body.get("temperature")
+        if temperature is None:  # the engine samples at its default (vLLM's and OpenAI's: 1.0)
+            temperature = spec.default_temperature
+        return Question(params, history, system, history[:-1] if earlier_turns else None, text, float(temperature))
 
     @abc.abstractmethod
     def asked(self, body: dict[str, Any], spec: CachePolicy) -> Asked | str:
@@ -175,10 +215,10 @@ class Generation(Endpoint, abc.ABC):
                 if choice.get("index", 0) != 0:
                     return None
                 piece = self.piece_of(choice)
-                if (choice.get("delta") or {}).get("tool_calls"):
-                    return None
+                if (choice.get("delta") or {}).get("tool_calls") or not isinstance(piece, str | None):
+                    return None  # a tool call, or a piece that is no text (as answer_from_json: not cached)
                 if piece:
-                    text.append(piece)  # type: ignore[arg-type]
+                    text.append(piece)
                 finish = choice.get("finish_reason") or finish
         if not done or finish is None or usage_seen is None:
             return None

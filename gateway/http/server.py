@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -133,8 +133,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     # -- protocol callbacks ---------------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(cast(asyncio.Transport, transport))  # a stream server's connection
         self._arm(self.limits.idle_timeout_s, None)
         _ensure_sweeper(self.loop, self.connections)
 
@@ -158,7 +158,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             view = view[len(piece):]
             if self._in_head:
                 self._head_room -= len(piece)  # before feeding: a request that ends in the piece starts afresh
-            super().data_received(piece)
+            # httptools parses any buffer: a slice of the read, not a copy (uvicorn's signature says bytes)
+            super().data_received(piece)  # type: ignore[arg-type]
             if self.transport.get_protocol() is not self:
                 return  # upgraded to a WebSocket: uvicorn hands it the head and drops the rest of the read
             if self._in_head and not self._head_room and not self._refused:

@@ -6,11 +6,9 @@ request and response objects, header multidicts, tracing signals and payload reg
 event-loop CPU per request. The workers speak one dialect (a JSON POST, an answer with a length or chunked, maybe
 SSE), so the client only needs: a connection pool, timeouts for connecting, for silence and for the whole
 answer, caps on what an answer may hold, and errors that say which phase failed. The scraper
-(gateway.fleet.observe) reads /health and /metrics with it too. Measured again against the well-kept clients
-(``python -m loadtest.bench_transports``, loadtest/RESULTS.md): per request it costs 0.6x pyreqwest's CPU and a
-quarter of aiosonic's and aiohttp's; per 64-token stream it is within 16% of pyreqwest's (dearer at c=1-16,
-cheaper at c=64) and 25-30% under aiosonic's and aiohttp's, so it stays, held to the rules below by
-tests/inprocess/transport/test_http1_rules.py.
+(gateway.fleet.observe) reads /health and /metrics with it too. It is held to the rules below by
+tests/inprocess/transport/test_http1_rules.py; why it is ours and not a library's, with the figures against
+pyreqwest, aiosonic and aiohttp: docs/decisions/001-workers-http-client.md.
 
 The framing is llhttp's (through httptools: Content-Length against Transfer-Encoding, chunk sizes, a length
 given twice); the state machine around it keeps RFC 9112's rules for a client, as h11's does, because a
@@ -20,6 +18,24 @@ connection is shared by tenants one request after another and any slip hands one
   request is outstanding, or after the answer's end, is a peer speaking out of turn and closes the connection;
 - the answer's head and body are capped as bytes arrive (before httptools buffers a header that never ends),
   and the whole answer has a deadline beside the silence timeout between bytes.
+
+A connection's place in that exchange is one ``State``, and ``TRANSITIONS`` is every step it may take; each step
+goes through ``_Connection._move``, which refuses any other. A refused step is a bug here, never the worker's:
+it fails the request under way (``StateError``, an UpstreamError, so the request ends as any worker failure does)
+and closes the connection, and the loop goes on (``STRICT``, set by the tests, raises it as well)::
+
+    IDLE --send--> HEAD --1xx head--> INTERIM --its end--> HEAD          (interim answers first: RFC 9110 §15.2)
+                   HEAD --final head--> BODY --its end--> COMPLETE       (the body's framing: RFC 9112 §6.3)
+                   COMPLETE --released--> IDLE                           (persistence: RFC 9112 §9.3)
+    HEAD, BODY, COMPLETE --a rule broken in the bytes fed--> BROKEN --after the feed--> CLOSED
+    IDLE, HEAD, BODY, COMPLETE --closed by either side, a timeout, a cap--> CLOSED
+
+The state moves at a send, a head, an answer's end, a release and a failure only: a body's read (data_received
+-> on_body -> Response._feed, one a streamed event) compares it and moves nothing. Three fields stay beside it,
+as none of them is a step of the exchange: ``received`` (a byte of this answer came, which decides whether a
+request that met a closed connection may be sent again: set at every read, where a step would cost a call),
+``paused`` (flow control: reading stopped while the reader is behind, which a BODY may be or not), and ``fault``
+(what BROKEN, or a refused step, fails the request with).
 """
 
 from __future__ import annotations
@@ -27,15 +43,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import enum
+import logging
 import select
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
 
 HIGH_WATER = 256 * 1024  # a relay this far behind its worker stops reading from it until it catches up
+STRICT = False  # a refused state transition raises too (the tests set it), beside failing its request
+log = logging.getLogger("tollgate.upstream")
 
 
 class UpstreamError(Exception):
@@ -67,8 +88,54 @@ class TooLarge(BadResponse):
     """The answer's head or body is over its cap."""
 
 
+class BodyTooLarge(TooLarge):
+    """The answer's body is over its cap: what the request asked for may be that large, unlike a head."""
+
+
+def _over_cap(status: int, cap: int) -> TooLarge:
+    """A body past its cap: a 2xx answer's is what the request asked for (BodyTooLarge); any other status's is
+    the worker's fault, like a head past its cap."""
+    if 200 <= status < 300:
+        return BodyTooLarge(f"the answer's body is over {cap} bytes")
+    return TooLarge(f"a {status} answer's body is over {cap} bytes")
+
+
 class DeadlineExceeded(ReadTimeout):
     """The whole answer took longer than its deadline (a worker trickling bytes is never silent for long)."""
+
+
+class StateError(UpstreamError):
+    """A connection was asked to take a step its state does not allow (TRANSITIONS): a bug of this client's."""
+
+
+class State(enum.Enum):
+    """Where a connection is in the exchange of one request and its answer (RFC 9112: a client sends a request
+    and reads answers on the connection until the final one ends; nothing may come in between or after)."""
+
+    IDLE = "idle"  # open, no request under way: a byte from the worker now is out of turn
+    HEAD = "head"  # a request written; an answer's head (status line and fields) awaited or being read
+    INTERIM = "interim"  # a 1xx head (not 101) was read: its message ends with it, and another head follows
+    BODY = "body"  # the final answer's head was read and handed over; its body is read (length, chunks or close)
+    COMPLETE = "complete"  # the final answer ended: the connection serves another request once released
+    BROKEN = "broken"  # the bytes being fed broke a rule (``fault``): the request fails, and the feed's end closes
+    CLOSED = "closed"  # closed by either side, or dropped: never used again
+
+    # Members are singletons: hashed by identity, in C (Enum's own __hash__ is a Python call at each move).
+    __hash__ = object.__hash__
+
+
+IDLE, HEAD, INTERIM, BODY = State.IDLE, State.HEAD, State.INTERIM, State.BODY
+COMPLETE, BROKEN, CLOSED = State.COMPLETE, State.BROKEN, State.CLOSED
+
+TRANSITIONS: dict[State, frozenset[State]] = {
+    IDLE: frozenset({HEAD, CLOSED}),  # send; dropped idle (out of turn, expired, pool closed) or closed by the worker
+    HEAD: frozenset({INTERIM, BODY, BROKEN, CLOSED}),  # a 1xx head; the final head; a bad head; timeout, cap, lost
+    INTERIM: frozenset({HEAD}),  # the 1xx message ends with its head, in the same feed
+    BODY: frozenset({COMPLETE, BROKEN, CLOSED}),  # the end; a bad chunk or the body cap; closed early, timeout, lost
+    COMPLETE: frozenset({IDLE, BROKEN, CLOSED}),  # released for reuse; another message began; not reused, or lost
+    BROKEN: frozenset({CLOSED}),  # the request failed: the connection closes after the feed
+    CLOSED: frozenset(),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,19 +172,28 @@ class Response:
         self._waiter: asyncio.Future[None] | None = None
 
     def header(self, name: bytes) -> bytes | None:
-        return next((v for k, v in self.headers if k == name), None)
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
 
     async def readany(self) -> bytes:
-        """What has arrived since the last read (waiting for something); b"" at the end of the body."""
+        """What has arrived since the last read (waiting for something); b"" at the end of the body. (Called once
+        per streamed event: the wait and the resume are written out here, not called.)"""
         while not self._chunks:
             if self._error is not None:
                 raise self._error
             if self._done:
                 return b""
-            await self._wait()
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
         chunks, self._chunks, self._size = self._chunks, [], 0
-        if self._conn is not None:
-            self._conn.resume()  # a no-op unless the high-water mark paused it
+        conn = self._conn
+        if conn is not None and conn.paused:  # the high-water mark paused it
+            conn.resume()
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def read(self) -> bytes:
@@ -163,7 +239,9 @@ class Response:
         self._size += len(data)
         if self._size > HIGH_WATER and self._conn is not None:
             self._conn.pause()
-        self._wake()
+        waiter = self._waiter  # _wake, written out: once per streamed event
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _end(self) -> None:
         self._done = True
@@ -185,57 +263,52 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.response: Response | None = None  # the answer under way; None while the connection is idle
         self.head: asyncio.Future[Response] | None = None
-        self.closed = False
+        self.state: State = IDLE  # moved by _move only (TRANSITIONS)
         self.received = False  # any byte of the current answer came
         self.last_read = 0.0  # loop time of the last byte read (the silence timeout counts from it)
         self.deadline = 0.0  # loop time by which the whole answer must be in
         self.idle_since = 0.0
         self.timer: asyncio.TimerHandle | None = None
-        self.paused = False
+        self.paused = False  # flow control: reading stopped while the reader is HIGH_WATER behind
         self.head_bytes = 0  # bytes of the answer's heads (interim ones too) so far
         self.tail = b""  # the last bytes of the head so far, to find an end split between two reads
-        self.in_head = False  # a head (interim or final) is being read
-        self.interim = False  # the message being parsed is a 1xx
-        self.complete = False  # the final answer has ended: anything more is out of turn
-        self.broken: UpstreamError | None = None  # what a parser callback found wrong, acted on after the feed
-        self.out_of_turn = False  # a message began after the final answer ended: never reused
+        self.fault: UpstreamError | None = None  # what the request fails with: the rule BROKEN stands for
         self.poller: select.poll | None = None
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)  # a stream connection's (create_connection)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             self.poller = select.poll()  # one of its own, registered once: a reuse's check is one poll(2)
             self.poller.register(sock.fileno(), select.POLLIN)
 
     def data_received(self, data: bytes) -> None:
-        if self.response is None or self.complete:
+        state = self.state
+        if state is not BODY and state is not HEAD:
             self.drop()  # out of turn: no request is waiting for these bytes, and the next one must not get them
             return
         self.received = True
         self.last_read = self.pool.loop.time()
-        if self.in_head and not self._head_fits(data):
+        if state is HEAD and not self._head_fits(data):
             self._fail(TooLarge(f"the answer's head is over {self.pool.caps.head_bytes} bytes"))
             self.drop()
             return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:  # llhttp stops at a 101: its own exception, not a parser error
-            self.broken = self.broken or BadResponse("the worker switched protocols, which no request asked for")
-        except httptools.HttpParserError as exc:
-            if self.complete:
-                self.out_of_turn = True  # garbage after the final answer
-            elif self.broken is None:
-                self.broken = BadResponse(f"the worker's answer is not HTTP/1.1: {exc}")
-        if self.in_head:  # a head still unfinished, or another one begun behind an interim answer: all of it counts
+            self._break(BadResponse("the worker switched protocols, which no request asked for"))
+        except httptools.HttpParserError as exc:  # after the final answer's end too: out of turn
+            self._break(BadResponse(f"the worker's answer is not HTTP/1.1: {exc}"))
+        state = self.state
+        if state is BODY or state is COMPLETE:
+            return
+        if state is HEAD:  # a head still unfinished, or another one begun behind an interim answer: all of it counts
             self.head_bytes += len(data)
             self.tail = data[-3:]
-        if self.broken is not None:
-            self._fail(self.broken)
-            self.drop()
-        elif self.out_of_turn:
+        elif state is BROKEN:
+            self._fail(self.fault or BadResponse("the worker's answer broke a rule"))
             self.drop()
 
     def _head_fits(self, data: bytes) -> bool:
@@ -253,9 +326,8 @@ class _Connection(asyncio.Protocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.closed:
-            return  # dropped by this side: nobody waits on it any more
-        self.closed = True
+        if self.state is CLOSED or not self._move(CLOSED):
+            return  # dropped by this side (or by a refused step): nobody waits on it any more
         self.pool.lost(self)
         self._cancel_timer()
         if self.response is not None or self.head is not None:
@@ -267,31 +339,32 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks --------------------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        if self.complete:
-            self.out_of_turn = True
-            return
-        self.in_head = True
-        if self.response is not None:
-            self.response.headers = []
+        if self.state is COMPLETE:
+            self._break(BadResponse("the worker began another answer after the final one"))  # out of turn
+        elif self.state is HEAD and self.response is not None:
+            self.response.headers = []  # an interim answer's fields are not the final answer's
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self.response is not None and not self.complete:
+        if self.response is not None and self.state is HEAD:
             self.response.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         response = self.response
-        if response is None or self.complete:
+        if response is None or self.state is not HEAD:
             return
-        self.in_head, self.tail = False, b""
+        self.tail = b""
         status = self.parser.get_status_code()
         if 100 <= status < 200:
             if status == 101:
-                self.broken = BadResponse("the worker switched protocols, which no request asked for")
-            self.interim = True  # skipped: the final answer follows on this connection
+                self._break(BadResponse("the worker switched protocols, which no request asked for"))
+            else:
+                self._move(INTERIM)  # skipped: the final answer follows on this connection
             return
         length = response.header(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.pool.caps.body_bytes:
-            self.broken = TooLarge(f"the answer's body is over {self.pool.caps.body_bytes} bytes")
+            self._break(_over_cap(status, self.pool.caps.body_bytes))
+            return
+        if not self._move(BODY):
             return
         response.status = status
         response.keep_alive = self.parser.should_keep_alive()
@@ -304,21 +377,21 @@ class _Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         response = self.response
-        if response is None or self.complete or self.broken is not None:
+        if response is None or self.state is not BODY:
             return
         response.total += len(body)
         if response.total > self.pool.caps.body_bytes:
-            self.broken = TooLarge(f"the answer's body is over {self.pool.caps.body_bytes} bytes")
+            self._break(_over_cap(response.status, self.pool.caps.body_bytes))
             return
         response._feed(body)
 
     def on_message_complete(self) -> None:
-        if self.interim:
-            self.interim, self.in_head = False, True  # the final answer's head comes next
+        state = self.state
+        if state is INTERIM:
+            self._move(HEAD)  # the final answer's head comes next
             return
-        if self.complete or self.broken is not None:
+        if state is not BODY or not self._move(COMPLETE):
             return  # a broken answer does not end well: data_received fails it after the feed
-        self.complete = True
         self._cancel_timer()
         if self.response is not None:
             self.response._end()
@@ -327,13 +400,15 @@ class _Connection(asyncio.Protocol):
 
     def send(self, data: bytes, read_timeout: float) -> asyncio.Future[Response]:
         assert self.transport is not None
-        if self.closed:  # handed over idle, and closed (by the worker, or for speaking out of turn) on the way
+        if self.state is CLOSED:  # handed over idle, and closed (by the worker, or for speaking out of turn) on the way
             raise Disconnected("the connection closed before the request was sent")
+        if not self._move(HEAD):
+            raise self.fault or StateError("the connection is not idle")
         loop = self.pool.loop
         self.response = Response(self)
         self.head = loop.create_future()
-        self.received = self.complete = self.interim = False
-        self.in_head, self.head_bytes, self.tail, self.broken = True, 0, b"", None
+        self.received = False
+        self.head_bytes, self.tail, self.fault = 0, b"", None
         self.last_read = loop.time()
         self.deadline = self.last_read + self.pool.caps.deadline_s
         self.timer = loop.call_at(min(self.last_read + read_timeout, self.deadline), self._check_time, read_timeout)
@@ -362,6 +437,33 @@ class _Connection(asyncio.Protocol):
         if self.response is not None:
             self.response._fail(error)
 
+    def _break(self, fault: UpstreamError) -> None:
+        """A parser callback found the answer wrong: the first fault is what the request fails with, after the
+        feed (data_received), and the connection closes. (Closed already, by a refused step: nothing more.)"""
+        state = self.state
+        if state is not BROKEN and state is not CLOSED and self._move(BROKEN):
+            self.fault = fault
+
+    def _move(self, to: State) -> bool:
+        """Take the step to ``to`` if TRANSITIONS allows it from here. Else the step is refused: the request under
+        way fails with a StateError, the connection closes (and leaves its pool), False is returned so the caller
+        stops, and the loop goes on (under STRICT the error is raised too)."""
+        here = self.state
+        if to in TRANSITIONS[here]:
+            self.state = to
+            return True
+        error = StateError(f"a connection may not go from {here.name} to {to.name}")
+        log.error("http1: %s (the request fails, the connection closes)", error)
+        self.state, self.fault = CLOSED, error
+        self._cancel_timer()
+        self._fail(error)
+        if here is not CLOSED and self.transport is not None:
+            self.transport.close()
+            self.pool.lost(self)
+        if STRICT:
+            raise error
+        return False
+
     def _cancel_timer(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
@@ -375,15 +477,15 @@ class _Connection(asyncio.Protocol):
         self.head = None
         if self.paused:
             self.resume()
-        if reuse and self.complete and not self.out_of_turn and not self.closed:
-            self.pool.put(self)
+        if reuse and self.state is COMPLETE:
+            if self._move(IDLE):
+                self.pool.put(self)
         else:
             self.drop()
 
     def drop(self) -> None:
         self._cancel_timer()
-        if self.transport is not None and not self.closed:
-            self.closed = True
+        if self.transport is not None and self.state is not CLOSED and self._move(CLOSED):
             self.transport.close()
             self.pool.lost(self)
 
@@ -433,7 +535,7 @@ class OriginPool:
         now = self.loop.time()
         while self.idle:
             conn = self.idle.pop()
-            if not conn.closed and now - conn.idle_since < self.keepalive_s and self.quiet(conn):
+            if conn.state is IDLE and now - conn.idle_since < self.keepalive_s and self.quiet(conn):
                 self._expire(now)
                 return conn, True
             conn.drop()
@@ -553,10 +655,10 @@ class Client:
         for attempt in range(2):
             conn, reused = await origin.acquire(self.connect_timeout)
             try:
-                head = conn.send(data, self.read_timeout)
+                answer = conn.send(data, self.read_timeout)
                 if sent is not None:
                     sent.append(time.perf_counter())
-                return await head
+                return await answer
             except Disconnected:
                 if reused and not conn.received and attempt == 0:
                     continue

@@ -19,7 +19,7 @@ from gateway.policy.schema import Policy
 from gateway.ratelimit import Charge
 from gateway.runtime import Gateway
 from gateway.sink import BufferSink
-from loadtest.fixtures import policy_dict
+from loadtest.harness.policy import build_policy as policy_dict
 
 MODEL = "sim-llama-8b"
 ORDER = ["price_of", "settle_spend", "settle_ratelimit", "record", "count", "end_span", "write_line"]

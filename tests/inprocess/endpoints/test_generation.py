@@ -36,7 +36,7 @@ def test_the_shared_sampling_checks_name_the_parameter(extra: dict[str, Any], pa
 
 @pytest.mark.parametrize("extra,reason", [
     ({"n": 2}, "n_gt_1"), ({"logprobs": True}, "logprobs"), ({"echo": True}, "logprobs"),
-    ({"temperature": 1.5}, "temperature"), ({"tools": [{"type": "function"}]}, "tools"),
+    ({"tools": [{"type": "function"}]}, "tools"),
     ({"functions": [{"name": "f"}]}, "tools"),
 ])
 def test_what_makes_an_answer_one_of_many_is_a_bypass(extra: dict[str, Any], reason: str) -> None:
@@ -44,26 +44,27 @@ def test_what_makes_an_answer_one_of_many_is_a_bypass(extra: dict[str, Any], rea
     assert COMPLETIONS.question({"model": "m", "prompt": "hi", "temperature": 0, **extra}, SPEC) == reason
 
 
-def test_the_parameters_that_change_an_answer_are_in_the_question_and_temperature_by_bucket() -> None:
-    def params(**extra: Any) -> dict[str, Any]:
-        question = CHAT.question(chat(**extra), CachePolicy(enabled=True, tools=True))
-        assert not isinstance(question, str)
-        return question.params
+def test_the_parameters_that_change_an_answer_are_in_the_question_and_the_temperature_beside_them() -> None:
+    """The temperature is not a parameter of the question: whether it keeps a request from the cache, and
+    whether it joins the scope, is the tenant's cacheability (tests/inprocess/cache/test_cacheability.py)."""
+    def question(**extra: Any) -> Any:
+        asked = CHAT.question(chat(**extra), CachePolicy(enabled=True, tools=True))
+        assert not isinstance(asked, str)
+        return asked
 
-    assert params(temperature=0) == {"temperature": "0"}
-    assert params(temperature=0.21) == params(temperature=0.29) != params(temperature=0.31)
-    assert params(seed=4, user="u")["seed"] == 4 and "user" not in params(user="u")
-    assert params(tools=[{"type": "function"}])["tools"] == [{"type": "function"}]
+    assert question(temperature=0).params == {} and question(temperature=1.5).temperature == 1.5
+    assert question(seed=4, user="u").params["seed"] == 4 and "user" not in question(user="u").params
+    assert question(tools=[{"type": "function"}]).params["tools"] == [{"type": "function"}]
 
 
-def test_a_request_without_temperature_samples_at_the_engines_default_and_is_not_cached_unless_told() -> None:
-    """OpenAI's and vLLM's default temperature is 1.0: such a request is one answer of many."""
-    assert CHAT.question(chat(temperature=None), SPEC) == "temperature"
-    assert COMPLETIONS.question({"model": "m", "prompt": "hi"}, SPEC) == "temperature"
-    greedy = CachePolicy(enabled=True, default_temperature=0)  # engines whose generation config is greedy
-    unsent, zero = CHAT.question(chat(temperature=None), greedy), CHAT.question(chat(temperature=0), greedy)
-    assert not isinstance(unsent, str) and not isinstance(zero, str)
-    assert unsent.params == zero.params, "the same scope as an explicit temperature 0"
+def test_a_request_without_temperature_samples_at_the_engines_default() -> None:
+    """OpenAI's and vLLM's default temperature is 1.0 (``cache.default_temperature``)."""
+    unsent = CHAT.question(chat(temperature=None), SPEC)
+    completion = COMPLETIONS.question({"model": "m", "prompt": "hi"}, SPEC)
+    assert not isinstance(unsent, str) and not isinstance(completion, str)
+    assert unsent.temperature == completion.temperature == 1.0
+    greedy = CHAT.question(chat(temperature=None), CachePolicy(enabled=True, default_temperature=0))
+    assert not isinstance(greedy, str) and greedy.temperature == 0.0
 
 
 def test_a_generation_api_that_leaves_out_a_hook_cannot_be_built() -> None:
