@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import openai
+import orjson
 import pytest
 
-from tests.conftest import ROOT, Proc, metric_value
+from tests.conftest import ROOT, Proc, metric_value, wait_for
 
 Starter = Callable[..., Proc]
 
@@ -22,6 +25,7 @@ Starter = Callable[..., Proc]
     (["--error-rate", "1.5"], "<= 1"),
     (["--scheduling-policy", "lifo"], "invalid choice"),
     (["--max-num-seqs", "64", "--max-num-batched-tokens", "8"], "--max-num-batched-tokens must be >="),
+    (["--max-logprobs", "-2"], "must be >= -1"),
 ])
 def test_bad_flags_get_clear_errors(flags: list[str], message: str) -> None:
     result = subprocess.run([sys.executable, "-m", "workers.sim", *flags], cwd=ROOT, capture_output=True, text=True,
@@ -89,3 +93,65 @@ def test_a_pooling_sim_serves_embeddings_only(start_sim: Starter) -> None:
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="sim-embed", messages=[{"role": "user", "content": "hi"}])
+
+
+def peak_rss_mb(proc: Proc) -> int:
+    """The process's largest resident set so far (VmHWM), in MiB."""
+    status = Path(f"/proc/{proc.pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM")).split()[1]) // 1024
+
+
+def test_health_answers_while_a_bomb_is_written_and_memory_stays_bounded(start_sim: Starter) -> None:
+    """One request that asks for everything at once: n=64, 20 logprobs a token, a schema of ten million items and
+    no max_tokens (the rest of a 1024-token context). Once the worker has it (its traceparent is recorded before
+    any work), /health answers while the answer is made and written: nothing of the answer is read before, and it
+    is tens of megabytes (more than any socket buffer holds), so the worker was still on it. The answer is what
+    max_tokens allows, and the worker's memory grows by a little, not by the answer's size (before this was
+    bounded, the schema alone took 9 GB and 38 CPU-seconds, and /health stopped answering)."""
+    sim = start_sim("--zero-delay", "--max-model-len", "1024")
+    before = peak_rss_mb(sim)
+    body = {"model": "sim-llama-8b", "messages": [{"role": "user", "content": "List them"}], "n": 64,
+            "logprobs": True, "top_logprobs": 20, "response_format": {"type": "json_schema", "json_schema": {
+                "name": "many", "schema": {"type": "array", "minItems": 10_000_000}}}}
+    traceparent = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+    healthy = threading.Event()
+    got: dict[str, object] = {}
+
+    def bomb() -> None:
+        with httpx.stream("POST", sim.url + "/v1/chat/completions", json=body, headers={"traceparent": traceparent},
+                          timeout=300) as response:
+            got["status"] = response.status_code
+            healthy.wait(300)  # nothing of the answer is read until /health has answered
+            got["body"] = response.read()
+
+    sender = threading.Thread(target=bomb)
+    sender.start()
+    try:
+        assert wait_for(lambda: traceparent in httpx.get(sim.url + "/sim/traceparents").json(), timeout=60)
+        assert httpx.get(sim.url + "/health", timeout=60).status_code == 200
+    finally:
+        healthy.set()
+        sender.join()
+    assert got["status"] == 200 and isinstance(got["body"], bytes)
+    assert len(got["body"]) > 32 << 20, "the answer was still being written when /health answered"
+    answer = orjson.loads(got["body"])
+    assert [c["finish_reason"] for c in answer["choices"]] == ["length"] * 64
+    budget = 1024 - answer["usage"]["prompt_tokens"]
+    assert answer["usage"]["completion_tokens"] == 64 * budget
+    assert all(len(c["logprobs"]["content"]) == budget for c in answer["choices"])
+    assert peak_rss_mb(sim) - before < 300, "a bounded part of the answer in memory, not the answer"
+
+
+def test_vllms_limits_of_n_and_logprobs_are_set_as_vllm_sets_them(start_sim: Starter,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """--max-logprobs, as vLLM's flag, and VLLM_MAX_N_SEQUENCES, as vLLM's environment variable."""
+    monkeypatch.setenv("VLLM_MAX_N_SEQUENCES", "4")
+    sim = start_sim("--zero-delay", "--max-logprobs", "2")
+
+    def status(**extra: object) -> int:
+        return httpx.post(sim.url + "/v1/chat/completions", json={
+            "model": "sim-llama-8b", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, **extra},
+                          timeout=30).status_code
+
+    assert status(n=4, logprobs=True, top_logprobs=2) == 200
+    assert status(n=5) == status(logprobs=True, top_logprobs=3) == status(prompt_logprobs=3) == 400

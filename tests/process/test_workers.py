@@ -25,7 +25,7 @@ from gateway.policy.schema import Policy
 from gateway.scheduling.capacity import worker_slots
 from gateway.state.replicas import Share
 from gateway.transport.http1 import Client
-from loadtest import procs
+from loadtest.harness import procs
 from tests.conftest import DEMO_KEY, Proc, patient, policy_dict, wait_for
 from tests.fakes import live_worker
 from workers.process import free_port

@@ -149,7 +149,7 @@ def test_premium_goes_ahead_of_queued_batch_work(vllm_server: Any, start_gateway
     does not empty the pool (an earlier version failed inside the whole suite for that reason)."""
     import threading
 
-    from loadtest.client import parse_server_timing
+    from loadtest.harness.client import parse_server_timing
 
     policy = policy_dict([vllm_server.url], model=MODEL, scrape_interval_s=1.0, unhealthy_after=5,
                          read_timeout_s=120.0)  # a 1,200-token line on a busy shared CPU can pass 10 s

@@ -1,6 +1,8 @@
 """The simulator answers as real vLLM does, field for field: for the same requests, the JSON of its answers (and of
 every kind of chunk it streams) has the same keys holding values of the same types as vLLM's on the CPU, and it
-refuses what vLLM refuses with the same status and param.
+refuses what vLLM refuses with the same status and param. A stream is compared as a client reads it (each choice's
+roles, content, finish reason and the usage, put together), not by how the tokens were grouped into chunks: vLLM
+merges a choice's tokens into fewer chunks when its engine gets ahead of its API server, which is timing.
 
 The model has random weights, so texts are compared by type only. The session's engine (``vllm_server``) has no
 tool parser, and vLLM 0.32 then refuses every ``tool_choice`` but "none": the tool calls are compared with an
@@ -11,6 +13,7 @@ tool a random model calls, if any, is chance."""
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,6 +83,12 @@ REFUSED = {
     "token_out_of_vocabulary": {"path": COMPLETIONS, "prompt": [1, 99999]},
     "json_schema_without_schema": ask("x", response_format={"type": "json_schema"}),
     "stream_options_without_stream": ask("x", stream_options={"include_usage": True}),
+    "top_logprobs_all": ask("x", logprobs=True, top_logprobs=-1),
+    "prompt_logprobs_21": ask("x", prompt_logprobs=21),
+    "prompt_logprobs_negative": ask("x", prompt_logprobs=-2),
+    "prompt_logprobs_streamed": ask("x", prompt_logprobs=2, stream=True),
+    "completion_prompt_logprobs_21": {"path": COMPLETIONS, "prompt": "x", "prompt_logprobs": 21},
+    "completion_echo_logprobs_21": {"path": COMPLETIONS, "prompt": "x", "echo": True, "logprobs": 21},
 }
 
 
@@ -97,7 +106,7 @@ def tool_vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
-    from loadtest import procs
+    from loadtest.harness import procs
 
     proc = procs.start_sim(tmp_path_factory.mktemp("sim"), "--max-model-len", str(MAX_LEN), "--zero-delay",
                            "--mean-output-tokens", "80", model=MODEL)
@@ -177,15 +186,100 @@ def kinds(chunks: list[dict[str, Any]]) -> dict[str, list[Any]]:
     return out
 
 
-def same_stream(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[str]:
-    """Every kind of chunk vLLM sent, the simulator sent in a shape that fits, and no kind vLLM did not."""
+GROUPED = {"token"}  # kinds a stream may lack: vLLM merges a choice's tokens into its last chunk when it falls behind
+
+
+def assembled(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a client puts together from a stream, whatever chunks the tokens came in: per choice (by index) the
+    roles its deltas named, whether the first of its chunks named one, its content (chat) or text (completions)
+    joined, its logprob entries counted, its tool calls (name and arguments joined, by call index), its finish
+    reasons (each one given) and whether its last chunk gave one; and the usage."""
+    choices: dict[int, dict[str, Any]] = {}
+    usage = None
+    for chunk in chunks:
+        usage = chunk.get("usage") or usage
+        for choice in chunk["choices"]:
+            view = choices.setdefault(choice["index"], {"roles": [], "role_first": None, "content": "",
+                                                        "logprobs": 0, "calls": {}, "finish": [],
+                                                        "finish_last": False})
+            delta = choice.get("delta", {})
+            if view["role_first"] is None:
+                view["role_first"] = "role" in delta
+            if "role" in delta:
+                view["roles"].append(delta["role"])
+            view["content"] += delta.get("content") or choice.get("text") or ""
+            logprobs = choice.get("logprobs") or {}
+            view["logprobs"] += len(logprobs.get("content") or logprobs.get("tokens") or ())
+            for call in delta.get("tool_calls") or ():
+                slot = view["calls"].setdefault(call["index"], {"name": "", "arguments": ""})
+                slot["name"] += call.get("function", {}).get("name") or ""
+                slot["arguments"] += call.get("function", {}).get("arguments") or ""
+            if choice.get("finish_reason"):
+                view["finish"].append(choice["finish_reason"])
+            view["finish_last"] = bool(choice.get("finish_reason"))
+    return {"choices": choices, "usage": usage}
+
+
+def whole_view(body: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """The same facts from a whole answer, per choice: content (or text), logprob entries, calls, finish reason."""
+    out = {}
+    for choice in body["choices"]:
+        message = choice.get("message") or {}
+        logprobs = choice.get("logprobs") or {}
+        calls = {i: {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                 for i, c in enumerate(message.get("tool_calls") or ())}
+        out[choice["index"]] = {"content": message.get("content") or choice.get("text") or "",
+                                "logprobs": len(logprobs.get("content") or logprobs.get("tokens") or ()),
+                                "calls": calls, "finish": [choice["finish_reason"]]}
+    return out
+
+
+def same_stream(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], our_whole: dict[str, Any],
+                request: dict[str, Any]) -> list[str]:
+    """Where the simulator's stream tells a client something other than vLLM's, or other than its own whole answer.
+
+    Not how tokens are grouped into chunks (vLLM's grouping depends on timing): every kind of chunk both sent has
+    a shape that fits, and only a token chunk may be missing from one side; each choice has the same roles, its
+    role first, one finish reason in its last chunk, tool calls where vLLM's has them, and there is a usage.
+    Where lengths are fixed (``ignore_eos``) the finish reasons, the logprob entries per choice (unless an echo's
+    prompt is counted in them) and the completion tokens are the same numbers. The simulator's stream, put
+    together, is its whole answer: each choice's content, calls, logprob entries and finish reason, and the
+    completion tokens."""
     a, b = kinds(ours), kinds(theirs)
-    out = [f"{kind}: only the simulator's" for kind in a.keys() - b.keys()]
-    out += [f"{kind}: only vLLM's" for kind in b.keys() - a.keys()]
+    out = [f"{kind}: only the simulator's" for kind in a.keys() - b.keys() - GROUPED]
+    out += [f"{kind}: only vLLM's" for kind in b.keys() - a.keys() - GROUPED]
     for kind in a.keys() & b.keys():
         for mine in a[kind]:
             if all(differences(mine, other, kind) for other in b[kind]):
                 out.append(f"{kind}: {differences(mine, b[kind][0], kind)}")
+    mine, vllms = assembled(ours), assembled(theirs)
+    if mine["choices"].keys() != vllms["choices"].keys():
+        return [*out, f"choices {sorted(mine['choices'])} != vLLM's {sorted(vllms['choices'])}"]
+    fixed = bool(request.get("ignore_eos"))
+    for index, view in mine["choices"].items():
+        other = vllms["choices"][index]
+        for key in ("roles", "role_first", "finish_last"):
+            if view[key] != other[key]:
+                out.append(f"choice {index} {key}: {view[key]} != vLLM's {other[key]}")
+        if len(view["finish"]) != 1 or [type(r) for r in view["finish"]] != [type(r) for r in other["finish"]]:
+            out.append(f"choice {index} finish reasons: {view['finish']} != vLLM's {other['finish']}")
+        if bool(view["calls"]) != bool(other["calls"]):
+            out.append(f"choice {index} calls: {view['calls']} against vLLM's {other['calls']}")
+        if fixed and view["finish"] != other["finish"]:
+            out.append(f"choice {index} finish reasons: {view['finish']} != vLLM's {other['finish']}")
+        if fixed and not request.get("echo") and view["logprobs"] != other["logprobs"]:
+            out.append(f"choice {index} logprob entries: {view['logprobs']} != vLLM's {other['logprobs']}")
+    if mine["usage"] is None or vllms["usage"] is None:
+        out.append(f"usage: {mine['usage']} against vLLM's {vllms['usage']}")
+    elif fixed and mine["usage"]["completion_tokens"] != vllms["usage"]["completion_tokens"]:
+        out.append(f"completion tokens: {mine['usage']} != vLLM's {vllms['usage']}")
+    whole = whole_view(our_whole)
+    for index, view in mine["choices"].items():
+        streamed = {key: view[key] for key in ("content", "logprobs", "calls", "finish")}
+        if streamed != whole.get(index):
+            out.append(f"choice {index} streamed: {streamed} != whole: {whole.get(index)}")
+    if mine["usage"] and mine["usage"]["completion_tokens"] != our_whole["usage"]["completion_tokens"]:
+        out.append(f"completion tokens streamed {mine['usage']} != whole {our_whole['usage']}")
     return out
 
 
@@ -194,7 +288,8 @@ def compare(sim_url: str, vllm_url: str, body: dict[str, Any]) -> None:
     assert ours.status_code == theirs.status_code == 200, (ours.text, theirs.text)
     found = differences(shape(without_cached_details(ours.json())), shape(without_cached_details(theirs.json())))
     assert not found, (found, ours.json(), theirs.json())
-    assert not same_stream(post(sim_url, body, stream=True), post(vllm_url, body, stream=True))
+    found = same_stream(post(sim_url, body, stream=True), post(vllm_url, body, stream=True), ours.json(), body)
+    assert not found, found
 
 
 @pytest.mark.parametrize("name", list(PLAIN))
@@ -219,6 +314,21 @@ def test_what_vllm_refuses_the_simulator_refuses_alike(name: str, sim: Proc, vll
     assert ours.json()["error"]["type"] == theirs.json()["error"]["type"] == "BadRequestError"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_schema_that_asks_for_more_than_max_tokens_is_cut_there_as_vllm_cuts_it(stream: bool, sim: Proc,
+                                                                                   vllm_server: Any) -> None:
+    """A schema whose least answer is longer than max_tokens: both end with "length" after max_tokens tokens."""
+    body = ask("List them", max_tokens=8, response_format={"type": "json_schema", "json_schema": {
+        "name": "many", "schema": {"type": "array", "items": {"type": "boolean"}, "minItems": 1000}}})
+    if stream:
+        found = [assembled(post(url, body, stream=True)) for url in (sim.url, vllm_server.url)]
+        assert [(v["choices"][0]["finish"], v["usage"]["completion_tokens"]) for v in found] == [(["length"], 8)] * 2
+    else:
+        found = [post(url, body).json() for url in (sim.url, vllm_server.url)]
+        assert [(b["choices"][0]["finish_reason"], b["usage"]["completion_tokens"]) for b in found] == \
+            [("length", 8)] * 2
+
+
 def test_the_shape_comparison_finds_a_missing_field(sim: Proc) -> None:
     """Positive control: a field taken away, or a type changed, is found."""
     body = post(sim.url, PLAIN["n2"]).json()
@@ -226,3 +336,50 @@ def test_the_shape_comparison_finds_a_missing_field(sim: Proc) -> None:
     assert differences(shape(broken), shape(body)) == [".choices: items " + str(shape(broken)["choices"][1])
                                                        + " != " + str(shape(body)["choices"][1])]
     assert differences(shape({"a": 1}), shape({"a": "1"})) == [".a: number != str"]
+
+
+def regrouped(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A chat stream as vLLM sends it when its engine gets ahead of its API server: each choice's tokens merged
+    into the chunk that ends it (content joined, logprob entries in order)."""
+    out: list[dict[str, Any]] = []
+    held: dict[int, list[dict[str, Any]]] = {}
+    for chunk in chunks:
+        choice = (chunk["choices"] or [{}])[0]
+        if not chunk["choices"] or "role" in choice["delta"]:
+            out.append(chunk)
+        elif not choice["finish_reason"]:
+            held.setdefault(choice["index"], []).append(choice)
+        else:
+            merged = copy.deepcopy(chunk)
+            last = merged["choices"][0]
+            parts = [*held.pop(choice["index"], []), choice]
+            last["delta"]["content"] = "".join(p["delta"].get("content") or "" for p in parts)
+            if last["logprobs"] is not None:
+                last["logprobs"]["content"] = [e for p in parts for e in p["logprobs"]["content"]]
+            out.append(merged)
+    return out
+
+
+def test_the_stream_comparison_ignores_grouping_and_finds_what_a_client_would_miss(sim: Proc) -> None:
+    """Positive control: the same tokens in fewer chunks compare alike; a choice's role or finish reason left
+    out, a piece sent under the other choice's index, or a piece lost, are found."""
+    body = PLAIN["n2_logprobs"]
+    whole, stream = post(sim.url, body).json(), post(sim.url, body, stream=True)
+    grouped = regrouped(stream)
+    assert "token" in kinds(stream) and "token" not in kinds(grouped) and len(grouped) < len(stream)
+    assert not same_stream(stream, grouped, whole, body) and not same_stream(grouped, stream, whole, body)
+
+    def role(chunk: dict[str, Any]) -> bool:
+        return bool(chunk["choices"]) and "role" in chunk["choices"][0]["delta"]
+
+    tokens = [i for i, c in enumerate(stream) if c["choices"] and not role(c) and not c["choices"][0]["finish_reason"]]
+    no_role = [c for c in stream if not (role(c) and c["choices"][0]["index"] == 1)]
+    no_finish = copy.deepcopy(stream)
+    next(c for c in no_finish if c["choices"] and c["choices"][0]["finish_reason"])["choices"][0][
+        "finish_reason"] = None
+    swapped = copy.deepcopy(stream)
+    swapped[tokens[0]]["choices"][0]["index"] = 1 - swapped[tokens[0]]["choices"][0]["index"]
+    lost = [c for i, c in enumerate(stream) if i != tokens[0]]
+    for name, broken in (("role", no_role), ("finish", no_finish), ("swapped", swapped), ("lost", lost)):
+        assert same_stream(broken, stream, whole, body), name
+        assert same_stream(broken, grouped, whole, body), name

@@ -3,14 +3,18 @@ chunks, for every choice of a request (``n`` per prompt, and each prompt of a co
 structured content and logprobs where asked for.
 
 The plain chunk (one content piece, no logprobs) is built from bytes: it is the load generator's hot path. The
-rest goes through orjson on dicts; the structure itself was made once, before the engine ran (structured.py)."""
+rest goes through orjson on dicts; the structure is the engine's script's (structured.py). Memory holds a part of
+an answer, not the answer: a stream sends BATCH pieces at a time, a whole answer larger than WHOLE_BYTES goes out
+in parts as it is written (its logprobs a batch of tokens at a time), and the event loop is let go between them,
+so n answers with 20 logprobs a token cost what a part costs and /health answers meanwhile."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +31,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 VLLM_VERSION = "0.32.0"
+BATCH = 256  # tokens' logprob entries serialised at a time, pieces streamed in one send
+WHOLE_BYTES = 1 << 20  # a whole answer up to this size goes out as one body with its length; a larger one in parts
+YIELD_BYTES = 1 << 16  # ... of about this size, the event loop let go between them
 
 
 def fingerprint(model: str) -> str:
@@ -59,7 +66,7 @@ class Choice:
     @property
     def finish(self) -> str | None:
         reason = self.seq.finish_reason
-        if reason == "stop" and self.script is not None and len(self.seq.output) >= len(self.script.pieces):
+        if reason == "stop" and self.script is not None and self.script.ended(len(self.seq.output)):
             return self.script.finish
         return reason
 
@@ -96,6 +103,9 @@ class Generation:
     # -- whole ----------------------------------------------------------------------------------------------
 
     async def _answer(self, send: Send) -> None:
+        """The whole answer once every choice has ended: one body with its length when it is small, else sent
+        in parts as it is written (chunked), so memory holds a part, not the answer (n answers with 20 logprobs
+        a token are hundreds of bytes a token); the loop is let go between parts."""
         wake = self.seqs[0].wake
         while any(s.finish_reason is None for s in self.seqs):
             wake.clear()
@@ -103,32 +113,54 @@ class Generation:
                 await wake.wait()
         if any(s.finish_reason == "abort" for s in self.seqs):
             return
-        body: dict[str, Any] = {"id": self.id, "object": "chat.completion" if self.ask.chat else "text_completion",
-                                "created": self.created, "model": self.server.model,
-                                "choices": [self._whole(c) for c in self.choices], "service_tier": None,
-                                "system_fingerprint": self.fingerprint, "usage": self._usage(final=False)}
-        if self.ask.chat:
-            body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
-        body.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
-        data = orjson.dumps(body)
+        parts = self._whole_parts()
+        held: list[bytes] = []
+        size = since_yield = 0
+        for part in parts:
+            held.append(part)
+            size += len(part)
+            since_yield += len(part)
+            if since_yield >= YIELD_BYTES:
+                since_yield = 0
+                await asyncio.sleep(0)
+            if size >= WHOLE_BYTES:
+                break
+        else:
+            data = b"".join(held)
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(data)).encode())]})
+            await send({"type": "http.response.body", "body": data})
+            return
         await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
-        await send({"type": "http.response.body", "body": data})
+                    "headers": [(b"content-type", b"application/json")]})
+        for part in parts:
+            held.append(part)
+            size += len(part)
+            if size >= YIELD_BYTES:
+                await send({"type": "http.response.body", "body": b"".join(held), "more_body": True})
+                held, size = [], 0
+                await asyncio.sleep(0)
+        await send({"type": "http.response.body", "body": b"".join(held)})
 
-    def _whole(self, choice: Choice) -> dict[str, Any]:
+    def _whole_parts(self) -> Iterator[bytes]:
+        """The whole answer's JSON in parts, as ``orjson.dumps`` of it would write it, made as they are read."""
+        head = {"id": self.id, "object": "chat.completion" if self.ask.chat else "text_completion",
+                "created": self.created, "model": self.server.model}
+        yield orjson.dumps(head)[:-1] + b',"choices":['
+        for i, choice in enumerate(self.choices):
+            if i:
+                yield b","
+            yield from (self._whole_chat(choice) if self.ask.chat else self._whole_completion(choice))
+        tail: dict[str, Any] = {"service_tier": None, "system_fingerprint": self.fingerprint,
+                                "usage": self._usage(final=False)}
+        if self.ask.chat:
+            tail.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+        tail.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
+        yield b"]," + orjson.dumps(tail)[1:]
+
+    def _whole_chat(self, choice: Choice) -> Iterator[bytes]:
         seq = choice.seq
-        if not self.ask.chat:
-            prompt = self.prompts[choice.prompt]
-            text = (prompt.text if self.ask.echo else "") + seq.text
-            logprobs = prompt_logprobs = None
-            if choice.logprobs is not None:
-                echoed = tokenizer.pieces(prompt.text) if self.ask.echo else []
-                logprobs = choice.logprobs.completion(echoed + seq.output, 0, first_unscored=self.ask.echo)
-                if echoed:
-                    prompt_logprobs = _prompt_logprobs(logprobs, len(echoed))
-            return {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": choice.finish,
-                    "stop_reason": None, "token_ids": None, "prompt_logprobs": prompt_logprobs,
-                    "prompt_token_ids": None, "routed_experts": None}
         content, calls = (choice.script.message(len(seq.output)) if choice.script is not None
                           else (seq.text, []))
         message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None, "annotations": None,
@@ -136,11 +168,50 @@ class Generation:
         if calls:
             message["tool_calls"] = calls
         message["reasoning"] = None
-        logprobs = None
-        if choice.logprobs is not None:
-            logprobs = {"content": [choice.logprobs.chat(piece) for piece in seq.output]}
-        return {"index": choice.index, "message": message, "logprobs": logprobs, "finish_reason": choice.finish,
-                "stop_reason": None, "token_ids": None, "routed_experts": None}
+        end = orjson.dumps({"finish_reason": choice.finish, "stop_reason": None, "token_ids": None,
+                            "routed_experts": None})[1:]
+        start = orjson.dumps({"index": choice.index, "message": message})[:-1]
+        if choice.logprobs is None:
+            yield start + b',"logprobs":null,' + end
+            return
+        yield start + b',"logprobs":{"content":['
+        logprobs = choice.logprobs
+        for at in range(0, len(seq.output), BATCH):
+            yield (b"," if at else b"") + b",".join(orjson.dumps(logprobs.chat(piece))
+                                                    for piece in seq.output[at:at + BATCH])
+        yield b"]}," + end
+
+    def _whole_completion(self, choice: Choice) -> Iterator[bytes]:
+        """A completions choice; its ``logprobs`` lists (and an echo's ``prompt_logprobs``) in passes over the
+        tokens, each list a batch at a time (the values are the same on every pass: ``Logprobs.fresh``)."""
+        seq = choice.seq
+        prompt = self.prompts[choice.prompt]
+        text = (prompt.text if self.ask.echo else "") + seq.text
+        end: dict[str, Any] = {"finish_reason": choice.finish, "stop_reason": None, "token_ids": None}
+        start = orjson.dumps({"index": choice.index, "text": text})[:-1]
+        if choice.logprobs is None:
+            end.update(prompt_logprobs=None, prompt_token_ids=None, routed_experts=None)
+            yield start + b',"logprobs":null,' + orjson.dumps(end)[1:]
+            return
+        echoed = tokenizer.pieces(prompt.text) if self.ask.echo else []
+        tokens = echoed + seq.output
+        offsets, offset = [], 0
+        for token in tokens:
+            offsets.append(offset)
+            offset += len(token)
+        values = [value for value, _ in choice.logprobs.fresh().steps(tokens, self.ask.echo)]
+        yield start + b',"logprobs":{"text_offset":' + orjson.dumps(offsets) + b',"token_logprobs":' \
+            + orjson.dumps(values) + b',"tokens":' + orjson.dumps(tokens) + b',"top_logprobs":['
+        yield from _batched(choice.logprobs.fresh().steps(tokens, self.ask.echo), lambda step: step[1])
+        yield b"]}," + orjson.dumps(end)[1:-1] + b',"prompt_logprobs":'
+        if echoed:
+            yield b"["
+            steps = choice.logprobs.fresh().steps(echoed, True)
+            yield from _batched(steps, lambda step: _prompt_entry(step[1]))
+            yield b"]"
+        else:
+            yield b"null"
+        yield b',"prompt_token_ids":null,"routed_experts":null}'
 
     def _usage(self, final: bool) -> dict[str, Any]:
         """The request's usage: every prompt once (n answers share theirs), every answer's tokens."""
@@ -184,9 +255,13 @@ class Generation:
             if not opened:
                 parts += [self._role_chunk(head, c) for c in self.choices]
                 opened = True
+            room = BATCH  # pieces this send takes; a client that reads slowly has the rest sent after it
             for choice in self.choices:
-                new = choice.seq.output[choice.sent:]
-                done = choice.seq.finish_reason is not None
+                if room <= 0:
+                    break
+                written = len(choice.seq.output)
+                new = choice.seq.output[choice.sent:choice.sent + room]
+                done = choice.seq.finish_reason is not None and choice.sent + len(new) == written
                 for i, piece in enumerate(new):
                     last = done and i == len(new) - 1
                     chunk = self._chunk(head, choice, piece, choice.sent + i, last)
@@ -194,9 +269,11 @@ class Generation:
                         parts.append(chunk)
                 choice.sent += len(new)
                 sent += len(new)
+                room -= len(new)
             if faults.drop_after is not None and sent >= faults.drop_after:
                 raise ConnectionAbortedError("injected: connection dropped mid-stream")
-            finished = all(s.finish_reason is not None for s in self.seqs)
+            behind = any(c.sent < len(c.seq.output) for c in self.choices)
+            finished = not behind and all(s.finish_reason is not None for s in self.seqs)
             if finished and self.ask.include_usage:
                 parts.append(b"data: " + head + b',"choices":[],"usage":' + orjson.dumps(self._usage(final=True))
                              + b',"system_fingerprint":' + orjson.dumps(self.fingerprint) + b"}\n\n")
@@ -205,6 +282,8 @@ class Generation:
             await send({"type": "http.response.body", "body": b"".join(parts), "more_body": not finished})
             if finished:
                 return
+            if behind:
+                await asyncio.sleep(0)  # let the loop go between sends of a backlog
             if faults.hang_after is not None and sent >= faults.hang_after:
                 await asyncio.Event().wait()  # until the client leaves
 
@@ -240,10 +319,11 @@ class Generation:
             return (b"data: " + head + b',"choices":[{"index":' + index + b',"text":' + orjson.dumps(text)
                     + b',"logprobs":' + logprobs + tail + b',"prompt_token_ids":' + orjson.dumps(ids)
                     + b',"token_ids":null}]' + usage + b"}\n\n")
+        made = choice.script.delta(position) if choice.script is not None else None
         if choice.script is None:
             delta = b'{"content":' + orjson.dumps(piece) + b"}"
-        elif choice.script.deltas[position] is not None:
-            delta = orjson.dumps(choice.script.deltas[position])
+        elif made is not None:
+            delta = orjson.dumps(made)
         elif reason or choice.logprobs is not None:
             delta = b"{}"
         else:
@@ -264,15 +344,28 @@ class Generation:
                 + str(prompt + completion).encode() + b',"completion_tokens":' + str(completion).encode() + details)
 
 
-def _prompt_logprobs(logprobs: dict[str, Any], count: int) -> list[dict[str, Any] | None]:
-    """vLLM's ``prompt_logprobs`` of an echoed prompt: per token after the first, its id and each alternative's,
-    with the value, rank and text (the same values as the choice's logprobs)."""
-    out: list[dict[str, Any] | None] = [None]
-    for top in logprobs["top_logprobs"][1:count]:
-        ranked = sorted(top.items(), key=lambda item: -item[1])
-        out.append({str((tokenizer.token_ids(token) or [0])[0]): {
-            "logprob": value, "rank": rank, "decoded_token": token} for rank, (token, value) in enumerate(ranked, 1)})
-    return out
+def _prompt_entry(top: dict[str, float] | None) -> dict[str, Any] | None:
+    """One token's entry of vLLM's ``prompt_logprobs`` of an echoed prompt (None for the first): its id and each
+    alternative's, with the value, rank and text (the same values as the choice's logprobs)."""
+    if top is None:
+        return None
+    ranked = sorted(top.items(), key=lambda item: -item[1])
+    return {str((tokenizer.token_ids(token) or [0])[0]): {"logprob": value, "rank": rank, "decoded_token": token}
+            for rank, (token, value) in enumerate(ranked, 1)}
+
+
+def _batched(items: Iterable[Any], entry: Callable[[Any], Any]) -> Iterator[bytes]:
+    """A JSON list's items (``entry`` of each), comma-separated, BATCH a part."""
+    first = True
+    for batch in _batches(items):
+        yield (b"" if first else b",") + b",".join(orjson.dumps(entry(item)) for item in batch)
+        first = False
+
+
+def _batches(items: Iterable[Any]) -> Iterator[list[Any]]:
+    iterator = iter(items)
+    while batch := list(itertools.islice(iterator, BATCH)):
+        yield batch
 
 
 async def answer_until_gone(engine: Engine, seqs: list[Sequence], produce: Coroutine[Any, Any, None],
@@ -289,8 +382,10 @@ async def answer_until_gone(engine: Engine, seqs: list[Sequence], produce: Corou
         for seq in seqs:
             if seq.finish_reason is None:
                 engine.abort(seq)
-    if answering.done() and not answering.cancelled() and answering.exception():
-        raise answering.exception()  # type: ignore[misc]
+    if answering.done() and not answering.cancelled():
+        failure = answering.exception()
+        if failure is not None:
+            raise failure
 
 
 async def _wait_disconnect(receive: Receive) -> None:

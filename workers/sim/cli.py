@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -67,6 +68,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     engine.add_argument("--mean-output-tokens", type=_bounded(int, 0), default=d.mean_output_tokens,
                         help="mean answer length before EOS (answers end with finish_reason stop); 0 = every "
                              "answer runs to max_tokens (the benchmarks' exact lengths)")
+    engine.add_argument("--max-logprobs", type=_bounded(int, -1), default=d.max_logprobs,
+                        help="as vLLM's: the most logprobs (and prompt logprobs) a request may ask for, a 400 above "
+                             "it; -1 = the vocabulary")
     faults = p.add_argument_group("failure injection")
     faults.add_argument("--error-rate", type=_bounded(float, 0, 1), default=0.0)
     faults.add_argument("--error-status", type=_statuses, default=(500,), help="e.g. 500,503")
@@ -88,7 +92,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, Faults]:
         decode_per_seq_s=0.0 if zero else args.decode_per_seq_ms / 1e3,
         prefill_per_token_s=0.0 if zero else args.prefill_per_token_ms / 1e3,
         jitter=args.jitter, seed=args.seed, scheduling_policy=args.scheduling_policy,
-        mean_output_tokens=int(args.mean_output_tokens),
+        mean_output_tokens=int(args.mean_output_tokens), max_logprobs=int(args.max_logprobs),
     )
     faults = Faults(error_rate=args.error_rate, error_statuses=args.error_status,
                     hang_after=None if args.hang_after is None else int(args.hang_after),
@@ -102,9 +106,9 @@ def serve(server: SimServer, host: str, port: int) -> None:
     counter = server.metrics.connections
 
     class CountingProtocol(HttpToolsProtocol):
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
             counter.inc()
-            super().connection_made(transport)
+            super().connection_made(cast(asyncio.Transport, transport))  # a stream server's connection
 
     config = uvicorn.Config(server.app, host=host, port=port, loop="uvloop", http=CountingProtocol,
                             lifespan="on", log_level="warning", access_log=False, timeout_keep_alive=75)

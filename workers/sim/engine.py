@@ -17,8 +17,8 @@ is tuned against the right shape rather than against a constant delay:
   and found count in ``prefix_cache_queries``/``hits``;
 - a natural answer length: a sequence that does not ``ignore_eos`` ends with "stop" after a length drawn once, at
   submission, around ``mean_output_tokens`` (0: never; it runs to ``max_tokens``, as the benchmarks need); a
-  scripted sequence (a tool call, JSON: text made once per request) emits its script's pieces in order and stops
-  when it has written them, so the loop never does per-token work for structure.
+  scripted sequence (a tool call, JSON) emits its script's pieces in order, each made when it is written (one
+  ahead, to tell the script's end), and stops when it has written them.
 """
 
 from __future__ import annotations
@@ -32,11 +32,18 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from workers.sim.tokenizer import next_piece
 
 FinishReason = Literal["stop", "length", "abort"]
+
+
+class Scripted(Protocol):
+    """The pieces a scripted sequence writes, made as they are asked for (structured.Script)."""
+
+    def piece(self, position: int) -> str | None:
+        """The piece at ``position``, or None: the script ends before it."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,7 @@ class EngineConfig:
     seed: int = 0
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     mean_output_tokens: int = 80  # mean answer length before EOS; 0: finish at max_tokens or a stop string
+    max_logprobs: int = 20  # vLLM's --max-logprobs: most logprobs (and prompt logprobs) a request may ask for
 
 
 @dataclass(eq=False)
@@ -69,7 +77,7 @@ class Sequence:
     priority: int = 0
     block_hashes: tuple[int, ...] = ()  # the prompt's full blocks, chained (see block_hashes())
     topic: tuple[str, ...] = ()  # the question's words the answer draws on (tokenizer.topic)
-    script: tuple[str, ...] | None = None  # the pieces to write, in order, instead of sampled ones
+    script: Scripted | None = None  # the pieces to write, in order, instead of sampled ones
     eos_at: int | None = None  # the natural length: EOS after this many tokens (drawn at submission)
     cached_tokens: int = 0  # prompt tokens its prefill found in the prefix cache
     arrival: float = field(default_factory=time.monotonic)
@@ -112,7 +120,8 @@ Observer = Callable[[Sequence], None]
 
 class PrefixCache:
     """Automatic prefix caching as vLLM's: the blocks of earlier prompts, by hash, least recently used first out,
-    ``size`` at most. (Also the cache model of loadtest.bench_prefix's oracle, so the two cannot drift apart.)"""
+    ``size`` at most. (Also the cache model of the prefix benchmark's oracle, loadtest/benchmarks/routing/prefix.py,
+    so the two cannot drift apart.)"""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -308,7 +317,10 @@ class Engine:
         if seq.last_token_at is not None and self._on_token_gap:
             self._on_token_gap(now - seq.last_token_at)
         script = seq.script
-        seq.output.append(script[len(seq.output)] if script is not None else next_piece(seq.rng, seq.topic))
+        if script is None:
+            seq.output.append(next_piece(seq.rng, seq.topic))
+        else:  # there is a next piece: a sequence ends (_finished) when its script has none
+            seq.output.append(script.piece(len(seq.output)) or "")
         self.stats.generation_tokens += 1
         if seq.first_token_at is None:
             seq.first_token_at = now
@@ -333,8 +345,8 @@ class Engine:
                 if cut >= 0:
                     seq.output[-1] = newest[: max(0, cut - (len(window) - len(newest)))]
                     return "stop"
-        if seq.script is not None and produced >= len(seq.script):
-            return "stop"
+        if seq.script is not None and seq.script.piece(produced) is None:
+            return "stop"  # a script's next piece is made (one ahead) to tell its end from a cut at max_tokens
         if produced >= seq.max_tokens:
             return "length"
         if seq.eos_at is not None and produced >= seq.eos_at and produced >= seq.min_tokens:

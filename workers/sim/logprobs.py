@@ -8,19 +8,23 @@ The same request gets the same values (the generator is seeded by the answer's o
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from workers.sim.tokenizer import WORDS
-
-MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
 
 
 class Logprobs:
     """The values of one choice's tokens, in the order they are written."""
 
     def __init__(self, seed: int, top: int) -> None:
+        self.seed = seed
         self.rng = random.Random(seed)
         self.top = top
+
+    def fresh(self) -> Logprobs:
+        """The same values again from the first token (a whole answer written in passes, a list at a time)."""
+        return Logprobs(self.seed, self.top)
 
     def _step(self, token: str, wanted: int) -> tuple[float, list[tuple[str, float]]]:
         rng = self.rng
@@ -46,14 +50,20 @@ class Logprobs:
         """A completion choice's ``logprobs`` for ``tokens`` starting at ``offset`` in its text (an echoed prompt's
         first token has no value: nothing came before it)."""
         offsets, values, tops = [], [], []
-        for i, token in enumerate(tokens):
+        for i, (value, top) in enumerate(self.steps(tokens, first_unscored)):
             offsets.append(offset)
-            offset += len(token)
+            offset += len(tokens[i])
+            values.append(value)
+            tops.append(top)
+        return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens, "top_logprobs": tops}
+
+    def steps(self, tokens: Iterable[str], first_unscored: bool = False) -> Iterator[tuple[float | None,
+                                                                                        dict[str, float] | None]]:
+        """Each token's value and its completion ``top_logprobs`` entry (the token and ``top`` alternatives), in
+        order, made as they are read."""
+        for i, token in enumerate(tokens):
             if first_unscored and i == 0:
-                values.append(None)
-                tops.append(None)
+                yield None, None
                 continue
             value, alternatives = self._step(token, self.top)
-            values.append(value)
-            tops.append(dict([(token, value), *alternatives]))
-        return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens, "top_logprobs": tops}
+            yield value, dict([(token, value), *alternatives])

@@ -1,6 +1,9 @@
 """A chat or completions request's parameters, checked as vLLM 0.32 checks them (the same refusals, with the
 param named and vLLM's own words), and turned into the request's prompts and choices: ``n`` answers per prompt,
-each its own sequence on the engine (its own seed), with its tool calls or structured content made here, once.
+each its own sequence on the engine (its own seed), with its tool calls or structured content to write (its
+script, read by the engine as it writes; the first answer's is made here up to its budget, so that a schema
+nothing satisfies is refused). Limits are vLLM's: n at most VLLM_MAX_N_SEQUENCES (16384), logprobs and prompt
+logprobs at most --max-logprobs (20).
 
 vLLM refuses ``tool_choice`` unless it was started with a tool parser (and "auto" unless also with
 ``--enable-auto-tool-choice``); the simulator answers as a server started with both would."""
@@ -9,17 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import uuid
 import zlib
 from typing import Any
 
-from workers.sim import structured, tokenizer
+from workers.sim import canonical, structured, tokenizer
 from workers.sim.answers import Ask, Choice, Prompt
 from workers.sim.engine import EngineConfig, Sequence, block_hashes
-from workers.sim.logprobs import MAX_LOGPROBS, Logprobs
+from workers.sim.logprobs import Logprobs
 
-MAX_N = 16384  # vLLM's VLLM_MAX_N_SEQUENCES
+MAX_N = int(os.environ.get("VLLM_MAX_N_SEQUENCES", "16384"))  # vLLM's limit of n, read as vLLM reads it
 JSON_OBJECT = {"x-json-object": True}  # response_format json_object: the JSON the prompt asks for in words
 
 
@@ -37,10 +41,12 @@ def plan(body: dict[str, Any], chat: bool, config: EngineConfig) -> tuple[Ask, l
     if options and not stream:
         raise BadRequest("Stream options can only be defined when `stream=True`. (parameter=stream_options)",
                          param="stream_options")
-    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    usage = options if isinstance(options, dict) else {}
+    include_usage = bool(usage.get("include_usage"))
     ask = Ask(chat=chat, stream=stream, include_usage=include_usage,
-              continuous_usage=include_usage and bool(options.get("continuous_usage_stats")),  # type: ignore[union-attr]
-              logprobs=_logprobs(body, chat), echo=not chat and bool(body.get("echo")))
+              continuous_usage=include_usage and bool(usage.get("continuous_usage_stats")),
+              logprobs=_logprobs(body, chat, config.max_logprobs), echo=not chat and bool(body.get("echo")))
+    _prompt_logprobs(body, chat, stream, config.max_logprobs)
     n = _n(body)
     if chat:
         messages = check_messages(body)
@@ -61,28 +67,35 @@ def plan(body: dict[str, Any], chat: bool, config: EngineConfig) -> tuple[Ask, l
     limits = _limits(body)
     if limits["priority"] and config.scheduling_policy != "priority":
         raise BadRequest("Priority scheduling is not enabled.", param="priority")
-    seed = body.get("seed") if isinstance(body.get("seed"), int) else config.seed
+    asked_seed = body.get("seed")
+    seed = asked_seed if isinstance(asked_seed, int) else config.seed
     salt = check_cache_salt(body)
     wake = asyncio.Event()  # one for the request: the answer waits for any of its choices
     request_id = uuid.uuid4().hex
     choices: list[Choice] = []
+    mode = "named" if isinstance(tool_choice, dict) else str(tool_choice)
+    param = "tools" if tool_choice != "none" else "response_format"
     for p, prompt in enumerate(prompts):
         max_tokens = _max_tokens(body, prompt.tokens, chat, config.max_model_len)
         question = asked if chat else prompt.text
-        words = tokenizer.topic(question)
-        meaning = tokenizer.meaning(prompt.text, question, words)
+        tool_plan = None
+        if tool_choice != "none":
+            tool_plan = structured.ToolPlan(tools, structured.choose(tools, tool_choice, parallel, question,
+                                                                     last_role), question)
+        understood = canonical.understand(question)
+        words = understood.words
+        meaning = tokenizer.meaning(prompt.text, question, understood.form)
         hashes = block_hashes(prompt.ids if prompt.ids is not None else tokenizer.token_ids(prompt.text),
                               config.block_size, salt)
         for j in range(n):
             key = meaning if j == 0 else f"{meaning}\x00{j}"
             side = zlib.crc32(key.encode()) ^ (seed & 0xFFFFFFFF)  # seeds what is not the text itself
-            script = None
-            if tool_choice != "none" or schema is not None:
-                script = _script(tools, tool_choice, parallel, schema, question, last_role, random.Random(side),
-                                 fenced)
+            script = _script(tool_plan, mode, schema, question, random.Random(side), fenced)
+            if script is not None:  # the first answer as far as it can go (the budget and one more), the others'
+                _check_script(script, max_tokens + 1 if p == j == 0 else 1, param)  # first pieces: or a 400
             seq = Sequence(request_id=request_id if p == j == 0 else uuid.uuid4().hex, prompt_tokens=prompt.tokens,
                            max_tokens=max_tokens, rng=tokenizer.output_rng(seed, key), topic=words,
-                           block_hashes=hashes, script=script.pieces if script else None, wake=wake, **limits)
+                           block_hashes=hashes, script=script, wake=wake, **limits)
             logprobs = None if ask.logprobs is None else Logprobs(side ^ 0x9E3779B9, ask.logprobs)
             choices.append(Choice(index=p * n + j, seq=seq, prompt=p, script=script, logprobs=logprobs))
     return ask, prompts, choices
@@ -127,15 +140,15 @@ def _prompts(value: object) -> list[Prompt]:
     if not value:
         raise BadRequest("You must pass at least one prompt")
     if all(_token_id(v) for v in value):
-        return [_ids_prompt(value)]  # type: ignore[arg-type]
+        return [_ids_prompt(value)]
     if all(isinstance(v, str) for v in value):
         if not all(value):
             raise BadRequest("The decoder prompt cannot be empty")
-        return [Prompt(v, tokenizer.count_text(v)) for v in value]  # type: ignore[arg-type]
+        return [Prompt(v, tokenizer.count_text(v)) for v in value]
     if all(isinstance(v, list) and all(_token_id(t) for t in v) for v in value):
         if not all(value):
             raise BadRequest("The decoder prompt cannot be empty")
-        return [_ids_prompt(v) for v in value]  # type: ignore[arg-type]
+        return [_ids_prompt(v) for v in value]
     raise BadRequest("'prompt' must be a string, a list of strings, a list of token ids or a list of lists of "
                      "token ids.", param="prompt")
 
@@ -154,7 +167,7 @@ def _ids_prompt(ids: list[int]) -> Prompt:
 # -- sampling ---------------------------------------------------------------------------------------------------
 
 def _n(body: dict[str, Any]) -> int:
-    n = body.get("n")
+    n: int | None = body.get("n")  # checked an int below
     if n is None:
         return 1
     check_int(n, "n", None)
@@ -169,8 +182,9 @@ def _n(body: dict[str, Any]) -> int:
     return n
 
 
-def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
-    """How many alternatives per token the answer carries, or None for no logprobs (vLLM's checks)."""
+def _logprobs(body: dict[str, Any], chat: bool, max_logprobs: int) -> int | None:
+    """How many alternatives per token the answer carries, or None for no logprobs (vLLM's checks; above
+    ``max_logprobs``, vLLM's --max-logprobs, -1 for the vocabulary, is a 400)."""
     if chat:
         top = body.get("top_logprobs")
         if top is not None and (isinstance(top, bool) or not isinstance(top, int | float)):
@@ -186,21 +200,50 @@ def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
             return None
         wanted = int(top or 0)
     else:
-        wanted = body.get("logprobs")  # type: ignore[assignment]
-        if wanted is None:
+        asked = body.get("logprobs")
+        if asked is None:
             return None
-        if not isinstance(wanted, int):
+        if not isinstance(asked, int):
             raise BadRequest("'logprobs' must be an integer.", param="logprobs")
-        wanted = int(wanted)
+        wanted = int(asked)
         if wanted < 0 and wanted != -1:
             raise BadRequest(f"`logprobs` must be a positive value or -1. (parameter=logprobs, value={wanted})",
                              param="logprobs")
     if wanted == -1:
         wanted = tokenizer.VOCAB_SIZE  # all of them, as vLLM reads -1
-    if wanted > MAX_LOGPROBS:
+    most = tokenizer.VOCAB_SIZE if max_logprobs == -1 else max_logprobs
+    if wanted > most:
         raise BadRequest(f"Requested sample logprobs of {wanted}, which is greater than max allowed: "
-                         f"{MAX_LOGPROBS} (parameter=logprobs, value={wanted})", param="logprobs")
+                         f"{most} (parameter=logprobs, value={wanted})", param="logprobs")
     return wanted
+
+
+def _prompt_logprobs(body: dict[str, Any], chat: bool, stream: bool, max_logprobs: int) -> None:
+    """vLLM's checks of ``prompt_logprobs`` (a number, not with a stream, -1 or more, at most ``max_logprobs``;
+    an echo asks for as many as its logprobs). The simulator accepts what vLLM accepts but answers null."""
+    value = body.get("prompt_logprobs")
+    if value is not None and not isinstance(value, int | float):
+        raise BadRequest(f"`prompt_logprobs` must be an integer. (parameter=prompt_logprobs, value={value})",
+                         param="prompt_logprobs")
+    if value is not None:
+        if stream and (value > 0 or value == -1):
+            raise BadRequest("`prompt_logprobs` are not available when `stream=True`. (parameter=prompt_logprobs)",
+                             param="prompt_logprobs")
+        if value < 0 and value != -1:
+            raise BadRequest(f"`prompt_logprobs` must be a positive value or -1. (parameter=prompt_logprobs, "
+                             f"value={value})", param="prompt_logprobs")
+        if value != int(value):
+            raise BadRequest(f"`prompt_logprobs` must be an integer. (parameter=prompt_logprobs, value={value})",
+                             param="prompt_logprobs")
+    elif body.get("echo"):
+        value = body.get("top_logprobs") if chat else body.get("logprobs")  # checked as the sample logprobs
+    if not value or isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    wanted = tokenizer.VOCAB_SIZE if value == -1 else int(value)
+    most = tokenizer.VOCAB_SIZE if max_logprobs == -1 else max_logprobs
+    if wanted > most:
+        raise BadRequest(f"Requested prompt logprobs of {wanted}, which is greater than max allowed: {most} "
+                         f"(parameter=prompt_logprobs, value={wanted})", param="prompt_logprobs")
 
 
 def _max_tokens(body: dict[str, Any], prompt_tokens: int, chat: bool, max_len: int) -> int:
@@ -338,27 +381,25 @@ def _schema(value: object, param: str) -> Any:
     return value
 
 
-def _script(tools: list[dict[str, Any]], tool_choice: Any, parallel: bool, schema: Any, question: str,
-            last_role: str, rng: random.Random, fenced: bool = False) -> structured.Script | None:
+def _script(tool_plan: structured.ToolPlan | None, mode: str, schema: Any, question: str, rng: random.Random,
+            fenced: bool) -> structured.Script | None:
     """What one choice writes: its tool calls, its structured content (in a ```json block when the question
-    asked for one), or nothing scripted (free text)."""
+    asked for one), or nothing scripted (free text). Nothing is written yet: the engine reads the script."""
+    if tool_plan is not None and tool_plan.chosen:
+        return structured.tool_script(mode, tool_plan.calls(rng))
+    if schema is None:
+        return None
+    if isinstance(schema, dict) and schema.get("x-text"):
+        return structured.text_script(structured.Words.of(question, rng).named(schema["enum"]))
+    return structured.json_script(schema, structured.Words.of(question, rng), fenced)
+
+
+def _check_script(script: structured.Script, pieces: int, param: str) -> None:
+    """Make a script's first ``pieces`` now: a schema found unsatisfiable within them is refused (a 400)."""
     try:
-        if tool_choice != "none":
-            chosen = structured.choose(tools, tool_choice, parallel, question, last_role)
-            if chosen:
-                mode = "named" if isinstance(tool_choice, dict) else tool_choice
-                return structured.tool_script(mode, structured.calls(tools, chosen, question, rng))
-        if schema is None:
-            return None
-        if isinstance(schema, dict) and schema.get("x-text"):
-            return structured.text_script(structured.Words.of(question, rng).named(schema["enum"]))
-        value = structured.instance(schema, structured.Words.of(question, rng))
-        if fenced:
-            return structured.text_script("```json\n" + json.dumps(value, ensure_ascii=False) + "\n```")
-        return structured.json_script(value)
+        script.fill(pieces)
     except structured.SchemaError as exc:
-        raise BadRequest(f"The JSON schema cannot be satisfied: {exc}.",
-                         param="tools" if tool_choice != "none" else "response_format") from None
+        raise BadRequest(f"The JSON schema cannot be satisfied: {exc}.", param=param) from None
 
 
 # -- small checks shared with the other endpoints ---------------------------------------------------------------

@@ -46,6 +46,8 @@ _ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitErr
 METRICS_FAULTS = ("ok", "missing", "hang", "huge")
 RUNNERS = ("generate", "pooling")
 EMBEDDING_DIM = 384  # all-MiniLM-L6-v2's, a common small embedding model
+HEAVY_BYTES = 1 << 16  # a request body larger than this is parsed and planned off the event loop
+STRUCTURED = ("tools", "response_format", "structured_outputs", "guided_json")
 
 
 @functools.cache
@@ -260,7 +262,10 @@ class SimServer:
         try:
             body = await _json_body(request)
             self._check_model(body)
-            ask, prompts, choices = params.plan(body, chat, self.config)
+            if _heavy(body, len(await request.body())):  # the body is read already: its length, not a copy
+                ask, prompts, choices = await asyncio.to_thread(params.plan, body, chat, self.config)
+            else:
+                ask, prompts, choices = params.plan(body, chat, self.config)
         except BadRequest as exc:
             return error_response(str(exc), exc.status, exc.param)
         for choice in choices:
@@ -272,6 +277,15 @@ class SimServer:
             raise BadRequest(f"The model `{body.get('model')}` does not exist.", 404, "model")
 
 
+def _heavy(body: dict[str, Any], size: int) -> bool:
+    """A request whose planning may take a while, so it is planned off the event loop (/health and the other
+    requests' streams go on): structured output or tools (the first answer is written up to its budget to find
+    an unsatisfiable schema), many answers, or a large body (a long prompt to tokenize)."""
+    n = body.get("n")
+    return (any(body.get(key) is not None for key in STRUCTURED) or (isinstance(n, int) and n > 16)
+            or size > HEAVY_BYTES)
+
+
 def _embedding_texts(value: object) -> list[str]:
     """The texts of an embeddings input: a string, strings, token ids, or lists of token ids (as text)."""
     if isinstance(value, str) and value:
@@ -280,9 +294,9 @@ def _embedding_texts(value: object) -> list[str]:
         if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             return [" ".join(map(str, value))]
         if all(isinstance(v, str) and v for v in value):
-            return list(value)  # type: ignore[arg-type]
+            return list(value)
         if all(isinstance(v, list) and v and all(isinstance(t, int) for t in v) for v in value):
-            return [" ".join(map(str, v)) for v in value]  # type: ignore[union-attr]
+            return [" ".join(map(str, v)) for v in value]
     raise BadRequest("'input' must be a non-empty string, list of strings, or list of token ids.", param="input")
 
 
@@ -299,8 +313,9 @@ def _vector(text: str, dimensions: int, encoding: str) -> list[float] | str:
 async def _json_body(request: Request) -> dict[str, Any]:
     if not request.headers.get("content-type", "").startswith("application/json"):
         raise BadRequest("1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed")
+    raw = await request.body()
     try:
-        body = orjson.loads(await request.body())
+        body = orjson.loads(raw) if len(raw) <= HEAVY_BYTES else await asyncio.to_thread(orjson.loads, raw)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"The request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):

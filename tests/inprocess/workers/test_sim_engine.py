@@ -243,19 +243,36 @@ def test_answers_end_at_a_natural_length_around_the_mean_and_length_only_at_max_
     assert short.finish_reason == "length" and len(short.output) == 3
 
 
-def test_a_scripted_sequence_writes_its_pieces_in_order_and_stops_or_is_cut_at_max_tokens() -> None:
-    script = ("{", '"', "city", '"', ":", ' "', "Paris", '"', "}")
+class Counted:
+    """A script that remembers how far the engine read it."""
 
-    async def main() -> tuple[Sequence, Sequence]:
+    def __init__(self, pieces: tuple[str, ...]) -> None:
+        self.pieces = pieces
+        self.read = 0
+
+    def piece(self, position: int) -> str | None:
+        self.read = max(self.read, position + 1)
+        return self.pieces[position] if position < len(self.pieces) else None
+
+
+def test_a_scripted_sequence_writes_its_pieces_in_order_and_stops_or_is_cut_at_max_tokens() -> None:
+    """A script is read as it is written, one piece ahead (to tell its end from a cut): never past max_tokens + 1,
+    however long it is."""
+    pieces = ("{", '"', "city", '"', ":", ' "', "Paris", '"', "}")
+
+    async def main() -> tuple[Sequence, Sequence, Sequence]:
         engine = Engine(EngineConfig(**{**ZERO, "mean_output_tokens": 1}))
         engine.start()
-        whole = seq(max_tokens=50, script=script)
-        cut = seq(max_tokens=4, script=script)
-        engine.submit(whole)
-        engine.submit(cut)
-        await finish_all(engine, [whole, cut])
+        whole = seq(max_tokens=50, script=Counted(pieces))
+        exact = seq(max_tokens=len(pieces), script=Counted(pieces))
+        cut = seq(max_tokens=4, script=Counted(pieces * 1000))
+        for s in (whole, exact, cut):
+            engine.submit(s)
+        await finish_all(engine, [whole, exact, cut])
         await engine.stop()
-        return whole, cut
-    whole, cut = run(main())
+        return whole, exact, cut
+    whole, exact, cut = run(main())
     assert whole.text == '{"city": "Paris"}' and whole.finish_reason == "stop", "no early EOS inside a script"
-    assert cut.output == list(script[:4]) and cut.finish_reason == "length"
+    assert exact.text == whole.text and exact.finish_reason == "stop", "a script that fits max_tokens exactly ends"
+    assert cut.output == list(pieces[:4]) and cut.finish_reason == "length"
+    assert isinstance(cut.script, Counted) and cut.script.read == 5, "read one past max_tokens, no further"

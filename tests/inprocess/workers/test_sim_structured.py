@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
 from workers.sim import structured
@@ -115,6 +118,11 @@ def test_draft_4_exclusive_bounds() -> None:
     {"type": "array", "items": {"enum": [1]}, "uniqueItems": True, "minItems": 2},
     {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
     {"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]},
+    {"$defs": {"t": {"type": "array", "minItems": 1000, "items": {"$ref": "#/$defs/t"}}}, "$ref": "#/$defs/t"},
+    {"allOf": [{"$ref": "#"}]},
+    {"type": "string", "minLength": "many"},
+    {"type": "integer", "minimum": "low"},
+    {"type": "object", "properties": ["a"]},
 ])
 def test_a_schema_nothing_satisfies_is_an_error_not_a_hang(schema: Any) -> None:
     with pytest.raises(structured.SchemaError):
@@ -156,6 +164,7 @@ def test_the_tools_a_question_calls(question: str, choice: Any, parallel: bool, 
 def test_each_call_takes_the_words_nearest_what_chose_it() -> None:
     question = "What's the weather in Paris in fahrenheit and the time in Tokyo? And 6 times 7?"
     calls = structured.calls(TOOLS, [0, 1, 2], question, random.Random(0))
+    structured.tool_script("required", calls).fill(10_000)
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [
         ("get_weather", {"city": "Paris", "unit": "fahrenheit"}), ("get_time", {"city": "Tokyo"}),
         ("multiply", {"a": 6, "b": 7})]
@@ -167,6 +176,7 @@ def test_a_tool_script_streams_the_arguments_that_make_its_message(mode: str, fi
     calls = structured.calls(TOOLS, [0] if mode == "named" else [0, 1], "weather in Paris, time in Oslo",
                              random.Random(0))
     script = structured.tool_script(mode, calls)
+    script.fill(10_000)
     content, made = script.message(len(script.pieces))
     assert script.finish == finish and content == ("" if mode != "auto" else None)
     assert [json.loads(c["function"]["arguments"]) for c in made] == [json.loads(c.arguments) for c in calls]
@@ -192,3 +202,105 @@ def test_json_asked_for_in_words() -> None:
     assert structured.asked_schema([system], "Extract: Ana is 33.") == Person.model_json_schema()
     assert structured.asked_schema([], "Tell me about it")["required"] == ["answer"]
     assert structured.wants_fenced_json("Return the correct JSON response within a ```json codeblock.")
+
+
+# -- a schema's counts cost what the budget reads, never what they ask for ------------------------------------
+
+COUNTS = st.one_of(st.integers(0, 3), st.integers(10**6, 10**12))  # small, or a bomb
+LEAVES = st.one_of(
+    st.builds(lambda low: {"type": "string", "minLength": low}, COUNTS),
+    st.builds(lambda low, more: {"type": "string", "minLength": low, "maxLength": low + more}, COUNTS,
+              st.integers(0, 10**6)),
+    st.just({"type": "integer", "minimum": 0, "maximum": 9}), st.just({"type": "boolean"}),
+    st.just({"enum": ["a", "b", "c"]}), st.just({"const": "x"}), st.just({}), st.just({"type": "null"}))
+
+
+def _nested(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(
+        st.builds(lambda low, items, unique: {"type": "array", "minItems": low, "items": items, "uniqueItems": unique},
+                  COUNTS, inner, st.booleans()),
+        st.builds(lambda properties, low, extra: {"type": "object", "properties": properties,
+                                                  "required": sorted(properties), "minProperties": low,
+                                                  "additionalProperties": extra},
+                  st.dictionaries(st.sampled_from(["a", "b", "c"]), inner, max_size=3), COUNTS, inner),
+        st.builds(lambda low, leaf: {"$defs": {"t": {"type": "array", "minItems": low, "items": {
+            "anyOf": [{"$ref": "#/$defs/t"}, leaf]}}}, "$ref": "#/$defs/t"}, COUNTS, inner))
+
+
+SCHEMA_BOMBS = st.recursive(LEAVES, _nested, max_leaves=8)
+
+
+def counted(fragments: Iterator[str], seen: list[int]) -> Iterator[str]:
+    for fragment in fragments:
+        seen[0] += 1
+        yield fragment
+
+
+@settings(max_examples=300, deadline=None)
+@given(schema=SCHEMA_BOMBS, budget=st.integers(1, 400))
+def test_any_schema_is_read_as_far_as_the_budget_and_no_further(schema: Any, budget: int) -> None:
+    """Whatever a schema's minItems, minLength or minProperties (up to 10**12, nested, through $ref), making a
+    script's first budget + 1 pieces reads about that much text: at most budget + 1 pieces of at most 26
+    characters, from no more fragments than characters (plus the one read ahead). An answer that ends within
+    its budget is valid against its schema; one that does not has exactly budget + 1 pieces (cut, "length")."""
+    read = [0]
+    words = structured.Words.of("Alice from Paris likes chess, rain and maps", random.Random(budget))
+    script = structured.Script("json", structured._content(counted(structured.Instance(schema, words).write(schema),
+                                                                   read)), [])
+    try:
+        script.fill(budget + 1)
+    except structured.SchemaError:
+        return  # refused (a 400): no unique items left, a recursion that never bottoms out within the budget
+    text = "".join(script.pieces)
+    assert len(script.pieces) <= budget + 1 and len(text) <= 26 * len(script.pieces)
+    assert read[0] <= len(text) + 1
+    if len(script.pieces) <= budget:
+        assert script.ended(len(script.pieces))
+        jsonschema.validate(json.loads(text), schema)
+    else:
+        assert not script.ended(budget), "a cut script has more to write: the engine ends it with length"
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "minItems": 10_000_000},
+    {"type": "string", "minLength": 10**15},
+    {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 10**9},
+    {"type": "array", "minItems": 10**6, "items": {"type": "array", "minItems": 10**6, "items": {
+        "type": "array", "minItems": 10**6, "items": {"type": "string", "minLength": 10**6}}}},
+    {"$defs": {"t": {"type": "object", "properties": {"label": {"type": "string"}, "children": {
+        "type": "array", "minItems": 1000, "items": {"$ref": "#/$defs/t"}}}, "required": ["label"]}},
+     "$ref": "#/$defs/t"},
+])
+def test_a_schema_bomb_written_to_a_budget_is_cut_there(schema: Any) -> None:
+    script = structured.json_script(schema, structured.Words.of("x", random.Random(0)))
+    script.fill(5001)
+    assert len(script.pieces) == 5001 and not script.ended(5000)
+    assert len("".join(script.pieces)) <= 26 * 5001
+
+
+def test_a_tool_scripts_arguments_are_written_as_far_as_the_budget() -> None:
+    bomb = {"type": "function", "function": {"name": "bomb", "parameters": {
+        "type": "object", "properties": {"xs": {"type": "array", "minItems": 10**9}}, "required": ["xs"]}}}
+    script = structured.tool_script("named", structured.calls([bomb], [0], "go", random.Random(0)))
+    script.fill(301)
+    assert len(script.pieces) == 301 and script.calls[0].arguments.startswith('{"xs": [')
+    assert script.message(300)[1][0]["function"]["arguments"] == "".join(script.pieces[:300]), "partial, as vLLM"
+
+
+@pytest.mark.parametrize("pattern", ["(a+)+$", "(a|aa)*b", "^(a*)*$", "((a|b)+)+c", "(x+x+)+y"])
+def test_a_pattern_that_can_backtrack_without_end_is_not_searched(pattern: str) -> None:
+    """A pattern with a repeat of a group (exponential on a backtracking engine) is not tried: the value is
+    written as it stands, at once, even when the prompt's word is the subject that would take forever."""
+    subject = "a" * 40 + "!"
+    schema = {"type": "string", "pattern": pattern}
+    value = structured.instance(schema, structured.Words.of(subject, random.Random(0)))
+    assert value == "a" * 40
+    assert structured._quick_pattern(pattern) is None
+
+
+def test_a_plain_pattern_is_still_honoured() -> None:
+    schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[0-9]+$"},
+                                               "name": {"type": "string", "pattern": "^[a-z]{2,}$"}},
+              "required": ["code", "name"]}
+    for seed in range(10):
+        jsonschema.validate(structured.instance(schema, structured.Words.of("Ann", random.Random(seed))), schema)
