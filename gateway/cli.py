@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 from urllib.parse import urlparse
 
@@ -64,22 +65,22 @@ def _serve(policy: Path, host: str, port: int, data_dir: Path, banner: str | Non
                             limit_concurrency=server_policy.max_connections,
                             timeout_graceful_shutdown=int(server_policy.shutdown_grace_s),
                             proxy_headers=False, server_header=False)
-    server = uvicorn.Server(config)
-    stop = server.handle_exit
 
-    def drain(sig: int, frame: object) -> None:
-        """SIGTERM/SIGINT: /readyz turns 503 at once; uvicorn stops accepting and lets answers in flight
-        finish for server.shutdown_grace_s."""
-        app.gateway.draining = True
-        stop(sig, frame)  # type: ignore[arg-type]
-    server.handle_exit = drain  # type: ignore[method-assign]
-    if banner:
-        original_startup = server.startup
+    class Server(uvicorn.Server):
+        """uvicorn's server, that drains on a stop signal and shows the banner once it listens."""
 
-        async def startup(sockets: object = None) -> None:
-            await original_startup(sockets)  # type: ignore[arg-type]
-            print(banner, flush=True)
-        server.startup = startup  # type: ignore[method-assign]
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            """SIGTERM/SIGINT: /readyz turns 503 at once; uvicorn stops accepting and lets answers in flight
+            finish for server.shutdown_grace_s."""
+            app.gateway.draining = True
+            super().handle_exit(sig, frame)
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if banner:
+                print(banner, flush=True)
+
+    server = Server(config)
     try:
         if share.of > 1:  # one of N processes: each binds the port with SO_REUSEPORT
             from gateway.processes import reuse_port_socket
@@ -233,84 +234,194 @@ def cmd_policy_check(args: argparse.Namespace) -> None:
 
 
 def cmd_costs(args: argparse.Namespace) -> None:
-    """Spend by the chosen groups, from a running gateway's report API (finance or admin token)."""
+    """Spend by the chosen groups, from a running gateway's report API (the finance or admin token): this month so
+    far unless a month or a range is asked for; amounts to the cent, rates to the digits they need
+    (gateway.finance.money)."""
     token = args.token or os.environ.get("TOLLGATE_FINANCE_TOKEN") or os.environ.get("TOLLGATE_ADMIN_TOKEN")
     if not token:
-        sys.exit("tollgate costs: give --token or set TOLLGATE_FINANCE_TOKEN")
+        sys.exit("tollgate costs: give --token, or set TOLLGATE_FINANCE_TOKEN or TOLLGATE_ADMIN_TOKEN")
     group_by = args.group_by or ("tenant" if args.gpu else "tenant,model")
     params = {"group_by": group_by, "format": "csv" if args.csv else "json"}
     params |= {k: v for k, v in (("from", args.start), ("to", args.end), ("tenant", args.tenant),
                                  ("month", args.month)) if v}
+    this_month = not (args.start or args.end or args.month)
+    if this_month:
+        params["month"] = time.strftime("%Y-%m", time.gmtime())
     path = "/admin/reports/gpu" if args.gpu else "/admin/reports/costs"
     try:
         response = httpx.get(args.url.rstrip("/") + path, params=params,
                              headers={"Authorization": f"Bearer {token}"}, timeout=60)
     except httpx.HTTPError as exc:
-        sys.exit(f"tollgate costs: {args.url} did not answer: {exc}")
+        sys.exit(f"tollgate costs: {args.url} did not answer ({exc}); is the gateway running there?")
     if response.status_code != 200:
-        sys.exit(f"tollgate costs: HTTP {response.status_code}: {response.text[:500]}")
+        sys.exit(f"tollgate costs: {refusal(response)}")
     if args.csv:
         sys.stdout.write(response.text)
         return
     from rich.console import Console
-    from rich.table import Table
 
     report = response.json()
+    title = report_title(report.get("from"), report.get("to"), args.month, this_month)
     if args.gpu:
-        _print_gpu(report)
+        _print_gpu(report, title)
         return
+    from gateway.finance import money
+
     keys = ["key_id" if g == "key" else g for g in report["group_by"]]
-    table = Table(title=f"Costs {(report['from'] or 'the start')[:10]} .. {(report['to'] or 'now')[:10]}",
-                  padding=(0, 1), collapse_padding=True)
-    # short headers that wrap, and cells that fold rather than end in "...": every column stays readable in an
-    # 80-column terminal (rich otherwise cut them to a letter or two)
     headers = {"requests": "requests", "prompt_tokens": "prompt\ntokens", "completion_tokens": "output\ntokens",
                "cache_hits": "cache\nhits", "cost_usd": "cost\nUSD", "cost_per_1k_requests_usd": "USD per\n1k req"}
-    columns = [*keys, *headers]
-    for name in columns:
-        table.add_column(headers.get(name, name), justify="left" if name in keys else "right", overflow="fold")
+    rows = []
     for row in [*report["data"], {**report["total"], **dict.fromkeys(keys[:1], "TOTAL")}]:
-        table.add_row(*(f"{row.get(c, ''):.6f}" if c.endswith("usd") else str(row.get(c, "")) for c in columns))
-    Console().print(table)
+        cells = [str(row.get(k) if row.get(k) is not None else "-") for k in keys]
+        cells += [money.amount(row.get("cost_usd")) if c == "cost_usd" else
+                  money.rate(row.get(c)) if c == "cost_per_1k_requests_usd" else str(row.get(c, "")) for c in headers]
+        rows.append(cells)
+    Console().print(fitted(f"Costs, {title}", keys, list(headers.values()), rows, Console().width))
 
 
-def _print_gpu(report: dict[str, Any]) -> None:
-    """The GPU report as three tables: the groups (idle rows apart), the workers' hours, the cheapest line."""
-    from rich.console import Console
+def refusal(response: httpx.Response) -> str:
+    """A gateway's error answer in words: what it said, and what to do about a token it did not take."""
+    try:
+        error = response.json()["error"]
+        message = str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        message = response.text[:300].strip() or response.reason_phrase
+    if response.status_code == 401:
+        return f"the gateway did not accept the token ({message}). Give a finance or admin token."
+    if response.status_code == 403:
+        return f"the token may not read this ({message})."
+    if response.status_code == 503:
+        return f"the gateway is busy or its ledger is unreachable ({message}); try again in a few seconds."
+    return f"the gateway refused the request (HTTP {response.status_code}): {message}"
+
+
+def report_title(start: str | None, end: str | None, month: str | None, this_month: bool) -> str:
+    """A report's period in words: "this month so far: 2026-12-01 to now", "month 2026-11: 2026-11-01 to
+    2026-11-30", "2026-11-03 to 2026-11-20" (the last day inclusive), "everything up to 2026-11-20"."""
+    from datetime import datetime, timedelta
+
+    def day(text: str) -> str:
+        return text[:10]
+
+    def last(text: str) -> str:  # an exclusive end as the last day it covers
+        moment = datetime.fromisoformat(text)
+        return (moment - timedelta(microseconds=1)).date().isoformat()
+
+    now = time.time()
+    future = end is not None and datetime.fromisoformat(end).timestamp() > now
+    if this_month and start:
+        return f"this month so far: {day(start)} to now"
+    if month and start and end:
+        return f"month {month}: {day(start)} to {'now' if future else last(end)}"
+    if start and end:
+        return f"{day(start)} to {'now' if future else last(end)}"
+    if start:
+        return f"{day(start)} to now"
+    if end:
+        return f"everything up to {last(end)}"
+    return "everything the ledger holds"
+
+
+def fitted(title: str, keys: list[str], headers: list[str], rows: list[list[str]], width: int,
+           numbers: bool = True) -> Any:
+    """``rows`` as tables that fit ``width`` columns without splitting a value: a value never wraps nor is cut;
+    when all the columns do not fit, the value columns are shared among several tables, each repeating the group
+    columns (``keys``, the first cells of each row). A header wraps only where it holds a line break; ``numbers``:
+    the value columns are right-aligned."""
+    from rich.console import Group
     from rich.table import Table
 
-    from gateway.ledger.prices import plain
+    names = [*keys, *headers]
+
+    def need(column: int) -> int:
+        return max([*(len(line) for line in names[column].split("\n")), *(len(r[column]) for r in rows)]) + 3
+
+    fixed = 1 + sum(need(i) for i in range(len(keys)))
+    if fixed + max((need(c) for c in range(len(keys), len(names))), default=0) > width:
+        return _records(title, names, rows)  # not even the group columns and one more fit: a row per block
+    groups: list[list[int]] = [[]]
+    used = fixed
+    for column in range(len(keys), len(names)):
+        if groups[-1] and used + need(column) > width:
+            groups.append([])
+            used = fixed
+        groups[-1].append(column)
+        used += need(column)
+    tables = []
+    for n, group in enumerate(groups):
+        table = Table(title=title if n == 0 else None, padding=(0, 1), title_justify="left")
+        for column in [*range(len(keys)), *group]:
+            table.add_column(names[column], justify="right" if numbers and column >= len(keys) else "left",
+                             no_wrap=True,
+                             overflow="fold")
+        for row in rows:
+            table.add_row(*(shown(row[c]) for c in [*range(len(keys)), *group]))
+        tables.append(table)
+    return Group(*tables)
+
+
+def _records(title: str, names: list[str], rows: list[list[str]]) -> Any:
+    """``rows`` as blocks of "name: value" lines, for a terminal too narrow for any table of them: a value is
+    never cut, and one wider than the terminal wraps as the terminal wraps it."""
+    from rich.console import Group
+    from rich.text import Text
+
+    lines: list[Any] = [Text(title)]
+    for row in rows:
+        lines.append(Text(""))
+        lines += [Text.assemble(name.replace("\n", " ") + ": ", shown(value)) for name, value in zip(names, row,
+                                                                                                     strict=True)]
+    return Group(*lines)
+
+
+def _print_gpu(report: dict[str, Any], title: str) -> None:
+    """The GPU report as three tables: the groups (idle rows apart), the workers' hours, the cheapest line."""
+    from rich.console import Console
+
+    from gateway.finance import money
 
     console = Console()
     keys = list(dict.fromkeys([*report["group_by"], "worker"]))
-    table = Table(title=f"GPU cost {report['from'][:10]} .. {report['to'][:10]}", padding=(0, 1),
-                  collapse_padding=True)
     headers = {"requests": "requests", "gpu_seconds": "GPU\nseconds", "gpu_cost_usd": "GPU\nUSD",
                "gpu_cost_per_1k_requests": "GPU USD\nper 1k req", "list_cost_usd": "list\nUSD"}
-    for name in [*keys, *headers]:
-        table.add_column(headers.get(name, name), justify="left" if name in keys else "right", overflow="fold")
+    rows = []
     for row in report["data"]:
         cells = [str(row.get(k) or ("" if k == "worker" else "-")) for k in keys]
         for name in headers:
             value = row.get(name)
-            cells.append("-" if value is None else plain(value) if name != "requests" else str(value))
-        table.add_row(*cells)
-    console.print(table)
-    workers = Table(title="Workers", padding=(0, 1), collapse_padding=True)
-    for name in ("worker", "USD/h", "hours", "busy", "idle", "util", "USD", "idle USD"):
-        workers.add_column(name, justify="left" if name == "worker" else "right", overflow="fold")
-    for w in report["workers"]:
-        workers.add_row(w["worker"], "-" if w["usd_per_hour"] is None else plain(w["usd_per_hour"]),
-                        f"{w['configured_hours']:.3f}", f"{w['busy_hours']:.3f}", f"{w['idle_hours']:.3f}",
-                        f"{w['utilisation'] * 100:.1f}%", plain(w["cost_usd"]), plain(w["idle_cost_usd"]))
-    console.print(workers)
+            cells.append("-" if value is None else str(value) if name == "requests" else
+                         f"{value:.1f}" if name == "gpu_seconds" else
+                         money.rate(value) if name == "gpu_cost_per_1k_requests" else money.amount(value))
+        rows.append(cells)
+    console.print(fitted(f"GPU cost, {title}", keys, list(headers.values()), rows, console.width))
+    if "workers" not in report:  # one tenant's report: its own rows, nothing of the fleet's
+        return
+    workers = [[w["worker"], money.rate(w["usd_per_hour"]), f"{w['configured_hours']:.3f}",
+                f"{w['busy_hours']:.3f}", f"{w['idle_hours']:.3f}", f"{w['utilisation'] * 100:.1f}%",
+                money.amount(w["cost_usd"]), money.amount(w["idle_cost_usd"])] for w in report["workers"]]
+    console.print(fitted("Workers", ["worker"], ["USD/h", "hours", "busy", "idle", "util", "USD", "idle USD"],
+                         workers, console.width))
     r = report["reconciliation"]
-    console.print(f"tenants {plain(r['attributed_usd'])} + idle {plain(r['idle_usd'])} = workers' hours x rate "
-                  f"{plain(r['workers_cost_usd'])} USD")
+    console.print(shown(f"tenants {money.amount(r['attributed_usd'])} + idle {money.amount(r['idle_usd'])} = "
+                        f"workers' hours x rate {money.amount(r['workers_cost_usd'])} USD"))
     for p in report["cheapest"]:
-        console.print(f"cheapest for {p['pool']}: ran {p['workers_ran']:.2f} workers for {plain(p['cost_ran_usd'])} "
-                      f"USD; the scaling rules would have run {p['workers_needed']:.2f} for "
-                      f"{plain(p['cost_needed_usd'])} USD ({'met' if p['meets_slo'] else 'missed'} the TTFT SLO)")
+        console.print(shown(f"cheapest for {p['pool']}: ran {p['workers_ran']:.2f} workers for "
+                            f"{money.amount(p['cost_ran_usd'])} USD; the scaling rules would have run "
+                            f"{p['workers_needed']:.2f} for {money.amount(p['cost_needed_usd'])} USD "
+                            f"({'met' if p['meets_slo'] else 'missed'} the TTFT SLO)"))
+
+
+def shown(value: object) -> Any:
+    """A value as rich shows it literally: a ``Text``, never console markup (a key named ``[/]`` would end every
+    later listing in a MarkupError, one named ``[link=...]`` would become a hyperlink), with each character that
+    can hide or reorder what a terminal shows (controls, bidi overrides, separators: gateway.keys.model's
+    UNSAFE_TEXT; a name stored before they were refused) written as its escape, e.g. ``\\u202e``."""
+    from rich.text import Text
+
+    from gateway.keys.model import UNSAFE_TEXT
+
+    text = "" if value is None else str(value)
+    return Text(UNSAFE_TEXT.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
 
 
 def cmd_diagnose(args: argparse.Namespace) -> None:
@@ -405,20 +516,46 @@ def cmd_keys_create(args: argparse.Namespace) -> None:
 
 
 def cmd_keys_list(args: argparse.Namespace) -> None:
-    keys = _admin_call(args, "GET", "/admin/keys", params={"tenant": args.tenant} if args.tenant else None)["data"]
+    keys: list[dict[str, Any]] = []
+    params: dict[str, Any] = {"limit": 1000, **({"tenant": args.tenant} if args.tenant else {})}
+    while True:  # every page, newest first
+        page = _admin_call(args, "GET", "/admin/keys", params=params)
+        keys += page["data"]
+        if not page.get("has_more") or not page["data"]:
+            break
+        params["after"] = page["data"][-1]["id"]
     if args.json:
         print(json.dumps(keys, indent=2))
         return
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title="Runtime API keys", padding=(0, 1), collapse_padding=True)
-    columns = ("id", "tenant", "name", "status", "created_at", "created_by", "expires_at")
-    for name in columns:
-        table.add_column(name, overflow="fold")
-    for key in keys:
-        table.add_row(*(str(key.get(c) or "") for c in columns))
-    Console().print(table)
+    Console().print(keys_table(keys))
+
+
+def keys_table(keys: list[dict[str, Any]], width: int = 0) -> Any:
+    """The runtime keys as rich tables that fit ``width`` columns (the terminal's when 0) without splitting a
+    value, every cell literal text (``shown``): each key's name, tenant, status, budget, limits and models."""
+    from rich.console import Console
+
+    from gateway.finance import money
+
+    def budget(key: dict[str, Any]) -> str:
+        b = key.get("budget")
+        return f"{money.amount(b['limit_usd'])} USD/{b['period']}" if b else "-"
+
+    def limits(key: dict[str, Any]) -> str:
+        r = key.get("rate_limit") or {}
+        parts = [f"{r[k]} {unit}" for k, unit in (("requests_per_minute", "rpm"), ("tokens_per_minute", "tpm"))
+                 if r.get(k)]
+        return ", ".join(parts) or "-"
+
+    rows = [[str(k.get("id") or ""), str(k.get("name") or ""), str(k.get("tenant") or ""), str(k.get("status") or ""),
+             budget(k), limits(k), ",".join(k["models"]) if k.get("models") else "(tenant's)",
+             str(k.get("created_at") or ""), str(k.get("created_by") or ""), str(k.get("expires_at") or "never")]
+            for k in keys]
+    return fitted("Runtime API keys", ["id", "name"], ["tenant", "status", "budget", "limits", "models", "created",
+                                                        "created by", "expires"], rows, width or Console().width,
+                  numbers=False)
 
 
 def cmd_keys_revoke(args: argparse.Namespace) -> None:
@@ -454,15 +591,9 @@ def cmd_worker_render(args: argparse.Namespace) -> None:
 
 
 def cmd_cache_eval(args: argparse.Namespace) -> None:
-    from gateway.cache.evaluate import EMBEDDERS, GPTCACHE, PAIRS, PAIRS_KO, report
+    from loadtest.benchmarks.cache.cache_eval import run
 
-    embedders = EMBEDDERS if args.embedder == "all" else (args.embedder,)
-    pair_files = [Path(p) for p in args.pairs] if args.pairs else [PAIRS, PAIRS_KO]
-    data = None if args.data == "" else Path(args.data or GPTCACHE)
-    text, results = report(args.threshold, data, pair_files, embedders)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2, ensure_ascii=False))
+    run(args)
 
 
 def cmd_sim(args: argparse.Namespace) -> None:
@@ -582,18 +713,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     cache = sub.add_parser("cache", help="response cache tools").add_subparsers(dest="cache_command", required=True)
     evaluate = cache.add_parser("eval", help="quality report: hit rate, wrong and near-miss hits, verifier on/off")
-    evaluate.add_argument("--threshold", type=float, help="default: each embedder's own (the policy's default)")
-    evaluate.add_argument("--embedder", choices=("e5", "minilm", "all"), default="e5",
-                          help="the embedder measured (all: each in turn)")
-    evaluate.add_argument("--data", help="GPTCache mock_data.json (default: loadtest/data/gptcache/mock_data.json; "
-                                         "'' leaves it out)")
-    evaluate.add_argument("--pairs", nargs="+", help="near-miss/paraphrase YAML files (default: "
-                                                     "loadtest/data/cache_pairs.yaml and cache_pairs_ko.yaml)")
-    evaluate.add_argument("--out", help="also write the figures as JSON here")
+    try:
+        from loadtest.benchmarks.cache.cache_eval import add_arguments as eval_arguments
+        eval_arguments(evaluate)
+    except ImportError:  # an install without the loadtest package: the command says so when run
+        pass
     evaluate.set_defaults(func=cmd_cache_eval)
 
     try:
-        from loadtest.cli import add_parser as add_loadtest
+        from loadtest.harness.cli import add_parser as add_loadtest
     except ImportError:
         pass
     else:

@@ -14,10 +14,11 @@ from gateway import accounting
 from gateway.cache.service import SemanticCache
 from gateway.cache.store import RedisStore
 from gateway.endpoints.responses import ResponseHomes
+from gateway.finance import gpu_costs
 from gateway.keys.service import open_keys
 from gateway.ledger.presence import Presence, Seen
 from gateway.ledger.writer import LedgerWriter
-from gateway.ops import gpu_costs, tracing
+from gateway.ops import tracing
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.scaling import Autoscaler
 from gateway.policy.loader import PolicyError, PolicySnapshot, PolicyStore

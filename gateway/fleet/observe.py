@@ -123,7 +123,7 @@ async def scrape(worker: Worker, client: Client, timeout_s: float, unhealthy_aft
     load = await _read_load(worker, client, timeout_s)
     if load is None:  # the last good reading stands, and ages: capacity falls back to the request stream
         observed.metrics_failures += 1
-        if not observed.metrics_error.startswith(_TRANSIENT):  # type: ignore[union-attr]
+        if not (observed.metrics_error or "").startswith(_TRANSIENT):  # _read_load said why it read nothing
             observed.metrics_next = now + min(METRICS_BACKOFF_MAX_S, 0.5 * 2 ** min(observed.metrics_failures, 10))
         return
     observed.metrics_failures = 0

@@ -2,7 +2,7 @@
 
 - ``observed``: what its /health and /metrics said, and whether it is in routing; written by
   ``gateway.fleet.observe`` (the scraper, and ``cool_down`` when a real request fails on it).
-- ``inflight``: the requests this process has on it now; written by ``gateway.upstream.pools.Lease``.
+- ``inflight``: the requests this process has on it now; written by ``gateway.upstream.dispatch.Dispatch``.
 - ``learned``: how many requests it runs, learned from what it shows; written by
   ``gateway.scheduling.capacity.learn``.
 - ``agreed``: what the gateway processes of every replica agreed about it; written by

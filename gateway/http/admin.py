@@ -3,17 +3,22 @@ and the audit log. Every route needs the admin token: an unknown credential is 4
 (a tenant's key, the finance or metrics token) 403 (the cost reports, which a finance token also reads, are in
 gateway.http.reports; runtime keys in gateway.http.keys_api).
 
-Every admin action that changes something (a policy applied or refused, a cache purge, a key operation) is
-written to the audit log (gateway.keys.store): who (the role and the first hex digits of its token's hash), when,
-what, and from where (the client's address; behind a proxy in ``server.trusted_proxies``, the address it names in
-X-Forwarded-For). A policy change records each path with its old and new values, secrets redacted as
-GET /admin/policy shows them: token hashes, key hashes (as key ids), the password of a DSN or URL, a webhook
-URL's path and query.
+Every admin action that changes something (a policy applied or refused, a cache purge, a key operation, a month
+closed or reopened) is written to the audit log (gateway.keys.store): who (the role and the first hex digits of
+its token's hash), when, what, and from where: the peer's address, and behind a proxy listed in
+``server.trusted_proxies`` (none by default: a header is anyone's word) the address it names in X-Forwarded-For
+beside it. A policy change records each path with its old and new values, secrets redacted as GET /admin/policy
+shows them: token hashes, key hashes (as key ids), the password of a DSN or URL, and of the webhook and the
+tracing endpoint all but the scheme and host (``redact_endpoint``); an entry's details are bounded in bytes
+(gateway.keys.store.bounded). ``GET /admin/audit`` answers pages of at most ``AUDIT_PAGE_BYTES``, newest first,
+each naming the cursor of the next.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import ipaddress
 import logging
 import re
@@ -30,11 +35,12 @@ from starlette.routing import Route
 from gateway.auth import admin_actor
 from gateway.cache.store import StoreUnavailable
 from gateway.errors import Conflict, InvalidRequest, Unavailable
+from gateway.finance.reports import shown_range
 from gateway.http.asgi import read_body, request_headers
 from gateway.http.guards import authorization, gateway_of
-from gateway.http.reports import shown_range, time_range
+from gateway.http.reports import time_range
 from gateway.http.responses import json_response
-from gateway.keys.model import key_id
+from gateway.keys.model import key_id, unsafe_character
 from gateway.policy.loader import MAX_POLICY_BYTES, PolicyError
 from gateway.policy.schema import Policy
 from gateway.spend.alerts import public
@@ -42,7 +48,9 @@ from gateway.spend.alerts import public
 log = logging.getLogger("tollgate.admin")
 REDACTED = "<redacted>"
 MAX_AUDITED_CHANGES = 200  # paths with their values in one policy change's entry (the total is always said)
-MAX_AUDITED_VALUE = 4096  # bytes of JSON one old or new value may take there; larger ones are summarised
+MAX_AUDITED_VALUE = 1024  # bytes of JSON one old or new value may take there; larger ones are summarised
+AUDIT_PAGE_BYTES = 1 << 20  # what one page of GET /admin/audit may take (entries are bounded far below it)
+VIA = " via "  # an audit entry's client: "<the address a trusted proxy named> via <the peer>", or the peer alone
 _SECRET_QUERY = re.compile(r"pass|secret|token|key|auth|sig", re.IGNORECASE)
 _DSN_PASSWORD = re.compile(r"\b(password|sslpassword)\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 
@@ -53,20 +61,33 @@ def require_admin(request: Request) -> str:
 
 
 def client_address(request: Request) -> str | None:
-    """The caller's address: the peer's, or behind proxies in ``server.trusted_proxies`` the nearest address in
-    X-Forwarded-For that is not one of them (each trusted hop vouches only for the one before it)."""
-    peer = request.client.host if request.client else None
+    """Where an admin call came from, as its audit entry keeps it: the peer's address; or, when the peer is a
+    proxy listed in ``server.trusted_proxies`` (none by default), the nearest address in X-Forwarded-For that is
+    not one of them (each trusted hop vouches only for the one before it) followed by ``VIA`` and the peer, so
+    the entry says both what was believed and who said it. A forwarded value that is not an address stops the
+    walk."""
+    peer = request.client.host[:64] if request.client else None
     if peer is None:
         return None
     trusted = gateway_of(request).store.current.policy.server.trusted_proxies
-    hops = [h.strip() for value in request.headers.getlist("x-forwarded-for") for h in value.split(",")]
     current = peer
-    while hops and _within(current, trusted):
-        hop = hops.pop()
-        if not _address(hop):
-            break
-        current = hop
-    return current[:64]
+    if trusted and _within(peer, trusted):
+        hops = [h.strip() for value in request.headers.getlist("x-forwarded-for") for h in value.split(",")]
+        while hops and _within(current, trusted):
+            hop = hops.pop()
+            if not _address(hop):
+                break
+            current = hop
+    return current if current == peer else f"{current}{VIA}{peer}"
+
+
+def shown_client(client: str | None) -> dict[str, str | None]:
+    """An audit entry's stored client as the log shows it: ``client`` (the caller, as believed) and ``peer`` (the
+    address that connected; the client itself when no trusted proxy named another)."""
+    if client is None:
+        return {"client": None, "peer": None}
+    believed, _, peer = client.partition(VIA)
+    return {"client": believed, "peer": peer or believed}
 
 
 def _address(text: str) -> bool:
@@ -128,14 +149,31 @@ def redact_dsn(dsn: str | None) -> str | None:
     return _DSN_PASSWORD.sub(lambda m: f"{m.group(1)}={REDACTED}", dsn)
 
 
-def redact_webhook(url: str | None) -> str | None:
-    """A webhook's scheme and host only: its path and query are often the secret (a Slack hook's path is)."""
+def redact_endpoint(url: str | None) -> str | None:
+    """An endpoint's scheme, host and port only, for the webhook and the tracing endpoint: whatever else it carries
+    is often the secret (a Slack hook's path, a token in a collector's path, ``?code=`` or ``?x-honeycomb-team=``,
+    a fragment, ``user:pass@``). Each part left out shows as ``<redacted>`` (userinfo before the host, the rest as
+    the path), so the reader knows one was there. A value without a scheme (``user:pass@collector:4317``) is read
+    as a host; one that does not parse is ``<redacted>`` whole."""
     if not url:
         return url
-    bare = redact_url(url) or ""
-    parts = urlsplit(bare)
-    hidden = "/" + REDACTED if parts.path not in ("", "/") or parts.query else parts.path
-    return urlunsplit((parts.scheme, parts.netloc, hidden, "", ""))
+    schemed = "://" in url
+    try:
+        parts = urlsplit(url if schemed else "//" + url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return REDACTED
+    if not host or not (parts.scheme or not schemed):
+        return REDACTED
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc += f":{port}"
+    if "@" in parts.netloc:
+        netloc = f"{REDACTED}@{netloc}"
+    rest = parts.path not in ("", "/") or parts.query or parts.fragment or url.rstrip().endswith(("?", "#"))
+    shown = urlunsplit((parts.scheme, netloc, "/" + REDACTED if rest else "", "", ""))
+    return shown if schemed else shown.removeprefix("//")
 
 
 def redacted(policy: Policy) -> dict[str, Any]:
@@ -147,11 +185,12 @@ def redacted(policy: Policy) -> dict[str, Any]:
             server[name] = REDACTED
     for tenant in data["tenants"].values():
         tenant["keys"] = [key_id(k.removeprefix("sha256:")) for k in tenant["keys"]]
-    data["spend"]["webhook_url"] = redact_webhook(data["spend"]["webhook_url"])
+    data["spend"]["webhook_url"] = redact_endpoint(data["spend"]["webhook_url"])
+    data["tracing"]["endpoint"] = redact_endpoint(data["tracing"]["endpoint"])
     dsn = data["state"]["postgres_dsn"]
-    data = _without_userinfo(data)  # state.redis_url, tracing.endpoint, workers' URLs and whatever comes next
-    data["state"]["postgres_dsn"] = redact_dsn(dsn)  # its user is no secret
-    return data
+    shown: dict[str, Any] = _without_userinfo(data)  # state.redis_url, workers' URLs and whatever comes next
+    shown["state"]["postgres_dsn"] = redact_dsn(dsn)  # its user is no secret
+    return shown
 
 
 def _without_userinfo(value: Any) -> Any:
@@ -207,7 +246,7 @@ async def get_policy(request: Request) -> Response:
     data = await asyncio.to_thread(redacted, snapshot.policy)  # a policy of 100,000 tenants takes a while
     headers = {"x-tollgate-policy-digest": snapshot.digest}
     if form == "yaml":
-        text = await asyncio.to_thread(yaml.safe_dump, data, sort_keys=False, allow_unicode=True)
+        text = await asyncio.to_thread(lambda: yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
         return Response(text, headers=headers, media_type="application/yaml")
     response = json_response(data)
     response.headers.update(headers)
@@ -238,14 +277,40 @@ async def put_policy(request: Request) -> Response:
 
 async def audit_log(request: Request) -> Response:
     """The audit log, newest first: ?from= &to= (ISO dates or times, UTC; as the cost reports read them)
-    &limit= (1-1000, default 100)."""
+    &limit= (1-1000, default 100) &cursor= (the last page's ``next_cursor``: the entries after it, in the same
+    range). A page holds at most ``limit`` entries and ``AUDIT_PAGE_BYTES`` of their JSON (always one entry, each
+    bounded far below it); ``has_more`` says whether another follows, and ``next_cursor`` is where it starts.
+    Each entry names its ``client`` and its ``peer`` (see ``client_address``)."""
     require_admin(request)
     start, end = time_range(request)
     text = request.query_params.get("limit", "100")
-    if not text.isdigit() or not 1 <= int(text) <= 1000:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 1000:
         raise InvalidRequest("limit is a whole number from 1 to 1000.", "invalid_limit", param="limit")
-    entries = await gateway_of(request).keys.audit(start, end, int(text))
-    return json_response({"object": "list", **shown_range(start, end), "data": entries})
+    after = parse_cursor(request.query_params.get("cursor"))
+    store = gateway_of(request).keys.store
+    rows, more = await store.do(store.audit_page, start, end, int(text), after, AUDIT_PAGE_BYTES)
+    entries = [{**row, **shown_client(row["client"]), "details": orjson.Fragment(row["details"])} for row in rows]
+    return json_response({"object": "list", **shown_range(start, end), "data": entries, "has_more": more,
+                          "next_cursor": cursor_of(rows[-1]) if more else None})
+
+
+def cursor_of(row: dict[str, Any]) -> str:
+    """Where the page after ``row`` starts: its time and id, opaque to the caller."""
+    return base64.urlsafe_b64encode(orjson.dumps([row["time"], row["id"]])).decode().rstrip("=")
+
+
+def parse_cursor(text: str | None) -> tuple[str, str] | None:
+    """A ``cursor`` as (time, id); anything this gateway did not hand out is a 400."""
+    if text is None:
+        return None
+    try:
+        time_, id_ = orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+        if isinstance(time_, str) and isinstance(id_, str) and len(time_) <= 40 and len(id_) <= 64:
+            return time_, id_
+    except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
+        pass
+    raise InvalidRequest("cursor is the next_cursor of an earlier page of /admin/audit.", "invalid_cursor",
+                         param="cursor")
 
 
 async def policy_status(request: Request) -> Response:
@@ -264,6 +329,8 @@ async def purge_cache(request: Request) -> Response:
         raise Conflict("The cache is not enabled in the policy.", "cache_disabled")
     if not (q.get("tenant") or q.get("model") or q.get("id") or q.get("all") == "true"):
         raise InvalidRequest("Say what to purge: tenant=, model=, id= or all=true.", "missing_selector")
+    for name in ("tenant", "model", "id"):
+        refuse_unsafe(name, q.get(name))
     try:
         purged = await gw.cache.purge(q.get("tenant"), q.get("model"), q.get("id"))
     except StoreUnavailable:
@@ -274,15 +341,27 @@ async def purge_cache(request: Request) -> Response:
     return json_response({"purged": purged})
 
 
+def refuse_unsafe(param: str, text: str | None) -> None:
+    """A 400 naming ``param`` when free text an admin sent (and the audit keeps) holds a character that can hide or
+    reorder what a terminal or a page shows (gateway.keys.model.unsafe_character)."""
+    found = unsafe_character(text or "")
+    if found is not None:
+        raise InvalidRequest(f"{param}: {found}", "invalid_value", param=param)
+
+
 async def cache_status(request: Request) -> Response:
-    """The cache on this replica: its embedder, entries, and per audited scope its audits, disagreements, the
-    upper confidence bound of its false-hit rate and the threshold it has earned (``?tenant=`` filters)."""
+    """The cache on this replica: its embedder, entries, per tenant its cacheability (``answers``, and the models
+    that differ), the outcomes so far and the bypasses by reason (this replica's metrics, all tenants), and per
+    audited scope its audits, disagreements, the upper confidence bound of its false-hit rate and the threshold it
+    has earned (``?tenant=`` filters the tenants and the scopes)."""
     require_admin(request)
     gw = gateway_of(request)
     if gw.cache is None:
         raise Conflict("The cache is not enabled in the policy.", "cache_disabled")
     spec = gw.store.current.policy.cache
     tenant = request.query_params.get("tenant")
+    tenants = {name: {"answers": view.cache, "models": dict(view.cache_models)}
+               for name, view in gw.store.current.tenants.items() if tenant is None or name == tenant}
     scopes = [s for s in gw.cache.audits.report(spec.audit, spec.threshold) if tenant is None or s["tenant"] == tenant]
     audited = sum(s["audited"] for s in scopes)
     wrong = sum(s["disagreed"] for s in scopes)
@@ -293,7 +372,19 @@ async def cache_status(request: Request) -> Response:
                   "audited": audited, "disagreed": wrong,
                   "false_hit_rate": round(wrong / audited, 6) if audited else None,
                   "max_false_hit_rate": spec.audit.max_false_hit_rate},
-        "scopes": scopes})
+        "tenants": tenants, "outcomes": _counted(gw.metrics.cache_requests, "result"),
+        "bypassed": _counted(gw.metrics.cache_bypass, "reason"), "scopes": scopes})
+
+
+def _counted(counter: Any, label: str) -> dict[str, int]:
+    """A counter's totals by one of its labels (summed over the others), as /metrics has them."""
+    totals: dict[str, int] = {}
+    for metric in counter.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total"):
+                key = sample.labels[label]
+                totals[key] = totals.get(key, 0) + int(sample.value)
+    return totals
 
 
 async def queues(request: Request) -> Response:

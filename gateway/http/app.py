@@ -48,7 +48,7 @@ def new_request_id() -> str:
     return f"{_ID_PREFIX}{next(_id_counter):016x}"
 
 
-class Completions:
+class EndpointApp:
     """POST to one API (chat, completions, embeddings, responses) as a pure ASGI app (no buffering middleware)."""
 
     def __init__(self, gateway: Gateway, endpoint: Endpoint) -> None:
@@ -181,7 +181,7 @@ def create_app(store: PolicyStore, data_dir: Path | None = None, share: Share = 
             finally:
                 await auditor.close()
 
-    endpoints = {path: Completions(gw, endpoint) for path, endpoint in BY_PATH.items()}
+    endpoints = {path: EndpointApp(gw, endpoint) for path, endpoint in BY_PATH.items()}
     app = Starlette(
         routes=[
             *(Route(path, endpoint, methods=["POST"]) for path, endpoint in endpoints.items()),
@@ -209,13 +209,13 @@ def create_app(store: PolicyStore, data_dir: Path | None = None, share: Share = 
 
 
 class HotPaths:
-    """Send POSTs to the completion endpoints straight to their ASGI apps.
+    """Send POSTs to the API endpoints (chat, completions, embeddings, responses) straight to their ASGI apps.
 
     Starlette's middleware stack wraps every `send`, which a stream calls once per chunk; profiled,
     that and its routing were ~15% of the gateway's CPU. Everything else goes through Starlette.
     """
 
-    def __init__(self, app: Starlette, hot: dict[str, Completions], gateway: Gateway) -> None:
+    def __init__(self, app: Starlette, hot: dict[str, EndpointApp], gateway: Gateway) -> None:
         self.app = app
         self.hot = hot
         self.gateway = gateway

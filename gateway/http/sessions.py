@@ -86,7 +86,7 @@ class Sessions:
         expected = role_hash(snapshot, role) if role in ROLES else None
         if expected is None or not hmac.compare_digest(token_id, _token_id(expected)):
             return None
-        if not expires.isdigit() or int(expires) <= now:
+        if not (expires.isascii() and expires.isdigit()) or int(expires) <= now:
             return None
         return role, int(expires), nonce
 
@@ -99,10 +99,10 @@ class Sessions:
             return False
         _, expires, nonce = session
         self._remember(nonce, expires, now)
-        redis = self._state.redis if self._state is not None else None
-        if redis is not None:
+        state = self._state
+        if state is not None and state.redis is not None:
             try:  # gone from Redis when the cookie expires: not a second later
-                await redis.set(self._state.prefix + "revoked:" + nonce, 1, exat=expires)  # type: ignore[union-attr]
+                await state.redis.set(state.prefix + "revoked:" + nonce, 1, exat=expires)
             except Exception as exc:
                 log.error("sign-out not shared through Redis (%s): it holds on this process only", exc)
         return True
@@ -131,11 +131,11 @@ class Sessions:
     async def _is_revoked(self, nonce: str) -> bool:
         if nonce in self._revoked:
             return True
-        redis = self._state.redis if self._state is not None else None
-        if redis is None:
+        state = self._state
+        if state is None or state.redis is None:
             return False
         try:
-            return bool(await redis.exists(self._state.prefix + "revoked:" + nonce))  # type: ignore[union-attr]
+            return bool(await state.redis.exists(state.prefix + "revoked:" + nonce))
         except Exception:  # Redis down: this process's own sign-outs still hold
             return False
 

@@ -3,10 +3,9 @@
 glibc serves a block above its mmap threshold with a mapping of its own, returned to the system on free, but it
 raises the threshold to the largest such block freed (up to 32 MiB). After the first large answer, large blocks
 (an answer's bytes, the cache's copy of its text) come from the heap instead, and the holes the freed ones leave
-pin the heap's pages: 30 embeddings answers of ~2 MB, 32 MiB of them kept by the cache, took the RSS up 70 MiB.
-Fixing the threshold at 256 KiB (``mallopt(M_MMAP_THRESHOLD)``, which also stops it moving) left +36 MiB for the
-same traffic, against the 32 MiB held (tests/process/test_cache.py; loadtest/RESULTS.md). A block that large costs a map
-and an unmap, a few microseconds beside the copying it holds. A no-op where the C library has no mallopt.
+pin the heap's pages. The threshold is fixed at 256 KiB (``mallopt(M_MMAP_THRESHOLD)``, which also stops it
+moving); a block that large costs a map and an unmap, a few microseconds beside the copying it holds. A no-op
+where the C library has no mallopt. Measured (tests/process/test_cache.py): docs/decisions/010-hostile-inputs.md.
 """
 
 from __future__ import annotations

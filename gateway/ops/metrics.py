@@ -1,10 +1,118 @@
-"""The gateway's Prometheus metrics: stage histograms by tier and model, counters, worker gauges."""
+"""The gateway's Prometheus metrics: stage histograms by tier and model, counters, worker gauges.
+
+The families every request writes (its stages, its status, tokens and cost) are ``LeanHistogram`` and
+``LeanCounter``: plain numbers a request adds to with one Python call, written into the exposition at each
+scrape; prometheus_client's own types cost four calls an ``inc`` and five an ``observe`` (guarded by
+tests/inprocess/test_call_budget.py). The rest, written per scrape or per event, stay prometheus_client's.
+"""
 
 from __future__ import annotations
 
+import abc
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+
+
+class _HistogramChild:
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last: past every bound (+Inf)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # a bound is inclusive (le)
+        self.sum += value
+
+
+class _CounterChild:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+
+class _Lean(abc.ABC):
+    """A labelled family kept as plain numbers (``labels(...)`` as prometheus_client's), and its own collector.
+    Written and read on the event loop; a scrape copies the children before it writes them out."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry) -> None:
+        self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
+        self.children: dict[tuple[str, ...], Any] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> Any:
+        child = self.children.get(values)
+        if child is None:
+            child = self.children[values] = self._child()
+        return child
+
+    @abc.abstractmethod
+    def _child(self) -> Any:
+        """A new child: the numbers one label set keeps."""
+
+    def describe(self) -> list[Metric]:
+        return [self._family()]
+
+    @abc.abstractmethod
+    def collect(self) -> Iterator[Metric]:
+        """The family with every child's numbers (a prometheus_client Collector)."""
+
+    @abc.abstractmethod
+    def _family(self) -> Any:
+        """The family, empty."""
+
+
+class LeanHistogram(_Lean):
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float],
+                 registry: CollectorRegistry) -> None:
+        self.bounds = tuple(float(b) for b in buckets)
+        super().__init__(name, documentation, labelnames, registry)
+
+    def _child(self) -> _HistogramChild:
+        return _HistogramChild(self.bounds)
+
+    def _family(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        for values, child in list(self.children.items()):
+            running, buckets = 0, []
+            for bound, count in zip((*self.bounds, float("inf")), list(child.counts), strict=True):
+                running += count
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound), running))
+            family.add_metric(values, buckets, child.sum)
+        yield family
+
+
+class LeanCounter(_Lean):
+    def _child(self) -> _CounterChild:
+        return _CounterChild()
+
+    def add(self, values: tuple[str, ...], amount: float = 1.0) -> None:
+        """``labels(*values).inc(amount)`` in one call."""
+        child = self.children.get(values)
+        if child is None:
+            child = self.children[values] = _CounterChild()
+        child.value += amount
+
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        for values, child in list(self.children.items()):
+            family.add_metric(values, child.value)
+        yield family
 
 # Fine at the low end: the gateway's own share is measured in microseconds to milliseconds.
 FAST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -16,20 +124,20 @@ class GatewayMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         tm = ["tier", "model"]
-        self.ttft = Histogram("tollgate_ttft_seconds", "Arrival to first upstream byte.", tm,
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("tollgate_tpot_seconds", "Mean time per output token after the first.", tm,
-                              buckets=TPOT_BUCKETS, registry=r)
-        self.queue_wait = Histogram("tollgate_queue_wait_seconds", "Time held by the scheduler before dispatch.",
-                                    tm, buckets=FAST_BUCKETS, registry=r)
-        self.upstream_connect = Histogram("tollgate_upstream_connect_seconds", "Dispatch until the request head "
-                                          "is written to the worker (pool wait + TCP connect).", tm,
-                                          buckets=FAST_BUCKETS, registry=r)
-        self.duration = Histogram("tollgate_request_duration_seconds", "Arrival to last byte sent.", tm,
+        self.ttft = LeanHistogram("tollgate_ttft_seconds", "Arrival to first upstream byte.", tm,
                                   buckets=LATENCY_BUCKETS, registry=r)
-        self.requests = Counter("tollgate_requests", "Requests answered.", [*tm, "status"], registry=r)
-        self.errors = Counter("tollgate_errors", "Requests that ended in an error.", [*tm, "kind"], registry=r)
-        self.tokens = Counter("tollgate_tokens", "Tokens by direction.", [*tm, "direction"], registry=r)
+        self.tpot = LeanHistogram("tollgate_tpot_seconds", "Mean time per output token after the first.", tm,
+                                  buckets=TPOT_BUCKETS, registry=r)
+        self.queue_wait = LeanHistogram("tollgate_queue_wait_seconds", "Time held by the scheduler before "
+                                        "dispatch.", tm, buckets=FAST_BUCKETS, registry=r)
+        self.upstream_connect = LeanHistogram("tollgate_upstream_connect_seconds", "Dispatch until the request "
+                                              "head is written to the worker (pool wait + TCP connect).", tm,
+                                              buckets=FAST_BUCKETS, registry=r)
+        self.duration = LeanHistogram("tollgate_request_duration_seconds", "Arrival to last byte sent.", tm,
+                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = LeanCounter("tollgate_requests", "Requests answered.", [*tm, "status"], registry=r)
+        self.errors = LeanCounter("tollgate_errors", "Requests that ended in an error.", [*tm, "kind"], registry=r)
+        self.tokens = LeanCounter("tollgate_tokens", "Tokens by direction.", [*tm, "direction"], registry=r)
         self.upstream_connections = Counter("tollgate_upstream_connections_opened", "Connections opened to "
                                             "workers (few per request means keep-alive reuse).", ["pool"],
                                             registry=r)
@@ -96,8 +204,8 @@ class GatewayMetrics:
         self.gateway_processes = Gauge("tollgate_gateway_processes", "Gateway processes splitting each worker's "
                                        "limit, this one included (replicas sharing Redis, or --workers N).",
                                        registry=r)
-        self.cost = Counter("tollgate_cost_usd", "Spend recorded, by tenant and model.", ["tenant", "model"],
-                            registry=r)
+        self.cost = LeanCounter("tollgate_cost_usd", "Spend recorded, by tenant and model.", ["tenant", "model"],
+                                registry=r)
         self.budget_remaining = Gauge("tollgate_budget_remaining_usd", "Budget left this period (after "
                                       "reservations), per tenant with a budget.", ["tenant"], registry=r)
         self.anomalies = Counter("tollgate_cost_anomalies", "Cost anomalies, by kind and the action taken.",
@@ -107,19 +215,21 @@ class GatewayMetrics:
         self.loop_lag = Histogram("tollgate_event_loop_lag_seconds", "How late the event loop ran a 100 ms timer: "
                                   "a gateway starved of CPU or blocked by a long call shows here first.",
                                   buckets=FAST_BUCKETS, registry=r)
-        self._children: dict[tuple[str, str], tuple[object, ...]] = {}
+        self._stages: dict[tuple[str, str], tuple[_HistogramChild, ...]] = {}
         self._labelled: dict[tuple[object, tuple[str, ...]], Any] = {}
 
-    def stage_children(self, tier: str, model: str) -> tuple:  # type: ignore[type-arg]
-        """Label lookups cost microseconds each; cache the children per (tier, model)."""
-        key = (tier, model)
-        children = self._children.get(key)
+    def observe_stages(self, tier: str, model: str, stages: Sequence[float | None]) -> None:
+        """A request's stages (queue wait, upstream connect, TTFT, TPOT, total; None: not reached) into their
+        histograms, in one call."""
+        children = self._stages.get((tier, model))
         if children is None:
-            children = (self.queue_wait.labels(tier, model), self.upstream_connect.labels(tier, model),
-                        self.ttft.labels(tier, model), self.tpot.labels(tier, model),
-                        self.duration.labels(tier, model))
-            self._children[key] = children
-        return children
+            children = self._stages[(tier, model)] = tuple(
+                family.labels(tier, model) for family in (self.queue_wait, self.upstream_connect, self.ttft,
+                                                          self.tpot, self.duration))
+        for child, value in zip(children, stages, strict=True):
+            if value is not None:
+                child.counts[bisect_left(child.bounds, value)] += 1
+                child.sum += value
 
     def child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, remembered: a lookup costs microseconds and a request makes several."""

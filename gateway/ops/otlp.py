@@ -244,8 +244,8 @@ def grpc_sender(endpoint: str, headers: dict[str, str], timeout_s: float, gzippe
         channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=root))
     else:
         channel = grpc.insecure_channel(target)
-    export = channel.unary_unary(GRPC_METHOD)
-    metadata = list(headers.items())
+    export: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(GRPC_METHOD)
+    metadata = tuple(headers.items())
     compression = grpc.Compression.Gzip if gzipped else None
 
     def send(body: bytes) -> None:

@@ -15,6 +15,7 @@ time passed in, so a recorded trace can be replayed through it (tests/inprocess/
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -103,7 +104,7 @@ class Autoscaler:
         self._history: collections.deque[tuple[float, dict[str, dict[tuple[str, float], float]]]] = \
             collections.deque()
 
-    def step(self, now: float, policy: Policy, pools: dict[str, ScaledPool], queued: dict[str, int]) -> None:
+    def step(self, now: float, policy: Policy, pools: Mapping[str, ScaledPool], queued: dict[str, int]) -> None:
         buckets = self._buckets(policy)
         self._history.append((now, buckets))
         while len(self._history) > 2 and self._history[1][0] <= now - self.window_s:

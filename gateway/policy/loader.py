@@ -32,13 +32,21 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 import yaml
 from pydantic import ValidationError
 
-from gateway.policy.schema import AnomalyRule, Budget, Policy, RateLimit, Tier, cross_reference_errors
+from gateway.policy.schema import (
+    AnomalyRule,
+    Budget,
+    CacheAnswers,
+    Policy,
+    RateLimit,
+    Tier,
+    cross_reference_errors,
+)
 
 log = logging.getLogger("tollgate.policy")
 T = TypeVar("T")
@@ -62,15 +70,33 @@ class TenantView:
     max_tokens_default: int
     max_tokens_cap: int
     on_exceed: str
-    cache: bool = True  # False: opted out of the response cache
+    cache: CacheAnswers = "low_temperature"  # which of its answers the response cache may serve (schema.TenantCache)
+    cache_models: tuple[tuple[str, CacheAnswers], ...] = ()  # the models whose setting differs from ``cache``
     weight: float = 1.0  # share of its class's capacity under contention
     budget: Budget | None = None
     rate_limit: RateLimit | None = None
     anomaly: AnomalyRule = field(default_factory=AnomalyRule)  # the tenant's own rule, else its tier's
     prefix_cache: str = "salted"  # salted: a cache_salt of its own on every request; shared: the engine-wide cache
+    # Whose budgets and rate limits a request is counted against, by scope (the tenant's name; a runtime key's
+    # is "#" and its meter, gateway.keys.model): derived once here, read by every request.
+    budget_scopes: tuple[tuple[str, Budget], ...] = field(default=(), compare=False)
+    rate_scopes: tuple[tuple[str, RateLimit], ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.budget_scopes and self.budget is not None:
+            object.__setattr__(self, "budget_scopes", ((self.name, self.budget),))
+        if not self.rate_scopes and self.rate_limit is not None:
+            object.__setattr__(self, "rate_scopes", ((self.name, self.rate_limit),))
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
+
+    def cache_answers(self, model: str) -> CacheAnswers:
+        """Which of this tenant's answers of ``model`` the response cache may serve."""
+        for name, answers in self.cache_models:
+            if name == model:
+                return answers
+        return self.cache
 
 
 @dataclass(frozen=True)
@@ -94,7 +120,8 @@ class PolicySnapshot:
                 models=None if "*" in tenant.models else frozenset(tenant.models),
                 max_tokens_default=tier.max_tokens_default,
                 max_tokens_cap=tenant.max_tokens_cap or tier.max_tokens_cap,
-                on_exceed=tier.on_exceed, cache=tenant.cache, weight=tenant.weight,
+                on_exceed=tier.on_exceed, cache=tenant.cache.answers,
+                cache_models=tuple(sorted(tenant.cache.models.items())), weight=tenant.weight,
                 budget=tenant.budget, rate_limit=tenant.rate_limit, anomaly=tenant.anomaly or tier.anomaly,
                 prefix_cache=tenant.prefix_cache,
             )
@@ -115,13 +142,21 @@ MAX_YAML_NODES = 5_000_000  # 100,000 tenants are about a million
 _AS_TEXT = frozenset({"tag:yaml.org,2002:str", "tag:yaml.org,2002:merge", "tag:yaml.org,2002:value"})
 
 
-class _UniqueKeys:
+if TYPE_CHECKING:  # a mixin of the loaders below, typed as what it mixes into (at run time: object)
+    _Loader = yaml.SafeLoader
+    _FastBase = yaml.SafeLoader  # libyaml's CSafeLoader has the same surface
+else:
+    _Loader = object
+    _FastBase = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _UniqueKeys(_Loader):
     """Refuses a mapping that gives one key twice, naming both lines (the last one won silently: an admin's
     second ``tier:`` line moved a tenant to premium). Checked as each mapping is built, before a merge (``<<``)
     folds other mappings' keys into it, so a key that overrides a merged one is no duplicate."""
 
     def __init__(self, stream: str) -> None:
-        super().__init__(stream)  # type: ignore[call-arg]
+        super().__init__(stream)
         self._checked: set[int] = set()
 
     def flatten_mapping(self, node: yaml.MappingNode) -> None:
@@ -132,13 +167,13 @@ class _UniqueKeys:
                 if not isinstance(key_node, yaml.ScalarNode):
                     continue  # a collection as a key: the constructor refuses it
                 tag = key_node.tag  # a string is its text; anything else (1, true, 0x1) is built to compare
-                key = key_node.value if tag in _AS_TEXT else self.construct_object(key_node)  # type: ignore[attr-defined]
+                key = key_node.value if tag in _AS_TEXT else self.construct_object(key_node)
                 first = seen.get(key)
                 if first is not None:
                     raise PolicyError([(_where(key_node), f"the key {_shown(key_node.value)} is given twice in one "
                                         f"mapping, on line {first.line + 1} and line {key_node.start_mark.line + 1}")])
                 seen[key] = key_node.start_mark
-        super().flatten_mapping(node)  # type: ignore[misc]
+        super().flatten_mapping(node)
 
 
 def _shown(key: Any) -> str:
@@ -146,11 +181,11 @@ def _shown(key: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-class _FastLoader(_UniqueKeys, getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+class _FastLoader(_UniqueKeys, _FastBase):
     """libyaml's parser where it is installed: 2.5x faster on a large policy."""
 
 
-class _PlainLoader(_UniqueKeys, yaml.SafeLoader):  # type: ignore[misc]
+class _PlainLoader(_UniqueKeys, yaml.SafeLoader):
     """The Python parser: it says where a syntax error is as people count lines (libyaml names the end)."""
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from datetime import date
-from ipaddress import IPv4Network, IPv6Network
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -26,6 +25,13 @@ from pydantic import (
 Tier = Literal["premium", "standard", "batch"]
 TIERS: tuple[Tier, ...] = ("premium", "standard", "batch")
 _MIB = 1 << 20
+# Amounts are bounded at load so that no arithmetic on them can overflow or lose the cent: budgets are counted
+# in nano-USD, in Redis's Lua (double precision: integers exact below 2**53, about 9e15) as well as here, so a
+# period's limit is at most nine million USD; a million USD per million tokens; a billion a minute.
+MAX_USD = 9e6
+MAX_USD_PER_M = 1e6
+MAX_PER_MINUTE = 10**9
+MAX_TOKENS = 10_000_000  # past any model's context
 _KEY_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
 
@@ -48,47 +54,89 @@ class AnomalyRule(Strict):
     """A request whose worst-case cost (prompt + max_tokens at the price) is over ``k`` times the tenant's
     baseline (the mean worst-case cost of its recent requests) is an anomaly; ``action`` says what happens."""
 
-    k: float = Field(10.0, gt=1)
+    k: float = Field(10.0, gt=1, le=1e6)
     action: Literal["alert", "clamp", "reject", "downgrade"] = Field(
         "alert", description="alert: log, metric, webhook; clamp: lower max_tokens to fit; reject: 400; "
         "downgrade: run it in the batch class")
-    default_baseline_usd: float = Field(0.0005, gt=0, description="the baseline of a tenant with too few requests")
+    default_baseline_usd: float = Field(0.0005, gt=0, le=MAX_USD,
+                                        description="the baseline of a tenant with too few requests")
     min_samples: int = Field(20, ge=1, description="requests before the tenant's own baseline is used")
 
 
 class TierPolicy(Strict):
-    max_tokens_default: int = Field(512, ge=1)
-    max_tokens_cap: int = Field(4096, ge=1)
+    max_tokens_default: int = Field(512, ge=1, le=MAX_TOKENS)
+    max_tokens_cap: int = Field(4096, ge=1, le=MAX_TOKENS)
     on_exceed: Literal["clamp", "reject"] = "clamp"
     slo: SLO = SLO()
     anomaly: AnomalyRule = AnomalyRule()
 
 
 class RateLimit(Strict):
-    requests_per_minute: int | None = Field(None, ge=1)
-    tokens_per_minute: int | None = Field(None, ge=1, description="counted at admission as prompt estimate + "
-                                          "max_tokens, as OpenAI counts its own")
+    requests_per_minute: int | None = Field(None, ge=1, le=MAX_PER_MINUTE)
+    tokens_per_minute: int | None = Field(None, ge=1, le=MAX_PER_MINUTE, description="counted at admission as "
+                                          "prompt estimate + max_tokens, as OpenAI counts its own")
 
 
 class Budget(Strict):
     period: Literal["day", "month"] = "month"  # UTC calendar
-    limit_usd: float = Field(gt=0)
+    limit_usd: float = Field(gt=0, le=MAX_USD, description="at most nine million: leave the budget out for none")
     alert_at: float = Field(0.8, gt=0, le=1, description="share of the limit that raises the soft alert")
+
+
+# Which of a tenant's answers the response cache may serve (gateway.cache.keys): any_temperature, whatever the
+# request samples at (one answer per question, as an FAQ service wants; the temperature leaves the scope);
+# low_temperature, only a request at most cache.max_temperature (one that sends none counts as
+# cache.default_temperature); off, none (a personalised service).
+CacheAnswers = Literal["any_temperature", "low_temperature", "off"]
+
+
+def _answers_of(value: object) -> object:
+    """YAML reads a bare ``off`` as false (and ``on`` as true): false is off, true the default, low_temperature."""
+    if isinstance(value, bool):
+        return "low_temperature" if value else "off"
+    return value
+
+
+class TenantCache(Strict):
+    """A tenant's cacheability: ``answers`` for its requests, ``models`` for the models that differ."""
+
+    answers: CacheAnswers = Field("low_temperature", description="any_temperature: cached whatever the request's "
+                                  "sampling (an FAQ service); low_temperature: only at most cache.max_temperature "
+                                  "(no temperature sent counts as cache.default_temperature); off: never cached")
+    models: dict[str, CacheAnswers] = Field(default_factory=dict, description="per model, in place of answers")
+
+    @field_validator("answers", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        return _answers_of(value)
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _yaml_offs(cls, value: object) -> object:
+        return {k: _answers_of(v) for k, v in value.items()} if isinstance(value, dict) else value
 
 
 class Tenant(Strict):
     tier: Tier
     keys: list[str] = Field(default_factory=list, description="API keys as 'sha256:<hex>'; never in clear")
     models: list[str] = Field(default_factory=lambda: ["*"], description="allowed model names; '*' for all")
-    max_tokens_cap: int | None = Field(None, ge=1, description="overrides the tier's cap for this tenant")
-    cache: bool = Field(True, description="false opts the tenant out of the response cache")
-    weight: float = Field(1.0, gt=0, description="share of its class's capacity under contention (in tokens)")
+    max_tokens_cap: int | None = Field(None, ge=1, le=MAX_TOKENS,
+                                       description="overrides the tier's cap for this tenant")
+    cache: TenantCache = Field(default_factory=TenantCache, description="which answers the response cache may "
+                               "serve: {answers: any_temperature | low_temperature | off, models: {name: ...}}; "
+                               "a bare value is answers; true: low_temperature, false: off")
+    weight: float = Field(1.0, gt=0, le=1000, description="share of its class's capacity under contention (in tokens)")
     budget: Budget | None = Field(None, description="a hard limit on spend per period (429 insufficient_quota)")
     rate_limit: RateLimit | None = Field(None, description="requests and tokens per minute (429 + Retry-After)")
     anomaly: AnomalyRule | None = Field(None, description="overrides the tier's cost-anomaly rule")
     prefix_cache: Literal["salted", "shared"] = Field(
         "salted", description="salted: the engines' prefix cache is shared within this tenant only (a cache_salt "
         "of its own); shared: with every shared tenant (prompts seen by others are faster, and tell them so)")
+
+    @field_validator("cache", mode="before")
+    @classmethod
+    def _cache_shorthand(cls, value: object) -> object:
+        return {"answers": value} if isinstance(value, bool | str) else value
 
     @field_validator("keys")
     @classmethod
@@ -185,7 +233,7 @@ class Server(Strict):
     """The HTTP server's limits (read at start; a reload changes the body limit and tokens at once, the rest at
     the next start) and the admin and metrics tokens."""
 
-    max_body_bytes: int = Field(1_048_576, ge=1024)
+    max_body_bytes: int = Field(1_048_576, ge=1024, le=1 << 30)
     admin_token_sha256: str | None = Field(None, description="sha256 of the admin token for /admin/*")
     metrics_token_sha256: str | None = Field(None, description="if set, /metrics needs this bearer token")
     finance_token_sha256: str | None = Field(None, description="sha256 of a token that reads the cost reports "
@@ -201,8 +249,10 @@ class Server(Strict):
     shutdown_grace_s: float = Field(30.0, ge=0, description="on SIGTERM, how long answers in flight may take")
     session_s: float = Field(8 * 3600, ge=60, le=30 * 86400, description="how long a finance page sign-in lasts")
     trusted_proxies: list[IPvAnyNetwork] = Field(
-        default_factory=lambda: [IPv4Network("127.0.0.0/8"), IPv6Network("::1/128")],
-        description="proxies whose X-Forwarded-Proto is believed (the sign-in cookie is Secure behind TLS)")
+        default_factory=list,
+        description="the proxies in front (e.g. nginx on this host: 127.0.0.1/32) whose X-Forwarded-For (the "
+        "audit's client address) and X-Forwarded-Proto (the sign-in cookie is Secure behind TLS) are believed; "
+        "none by default: from any other peer, loopback too (a port-forward, a sidecar), they are its word only")
 
     @field_validator("admin_token_sha256", "metrics_token_sha256", "finance_token_sha256")
     @classmethod
@@ -296,7 +346,7 @@ class CachePolicy(Strict):
 
     enabled: bool = False
     embedder: Embedding = Field(default_factory=E5Embedding)
-    threshold: float = Field(None, ge=0.5, le=1.0, validate_default=True,  # type: ignore[assignment]
+    threshold: float = Field(None, ge=0.5, le=1.0, validate_default=True,
                              description="cosine similarity needed for a semantic hit; default: the embedder's "
                              "measured one (e5: 0.98, all-MiniLM-L6-v2: 0.95)")
     verifier: bool = Field(True, description="reject near-misses (numbers, units, negation, entities, ...)")
@@ -359,11 +409,13 @@ class SchedulingPolicy(Strict):
     premium_reserve: float = Field(0.25, ge=0, lt=1, description="share of capacity only premium may take, so a "
                                    "premium request finds a slot even when standard work fills the rest")
     batch_headroom: float = Field(0.1, ge=0, lt=1, description="share of capacity batch work leaves free")
-    tenant_headroom: float = Field(0.75, ge=0, lt=1, description="while several tenants of a class use a pool, a "
-                                   "tenant holding its fair share or more leaves free the slots the others need "
-                                   "to start at once (read from their recent overlaps), up to this share of the "
-                                   "capacity (a tenant at a third of the capacity needs three quarters of the "
-                                   "slots at its bursts); 0: queue order alone")
+    fairness: Literal["served_tokens", "fcfs"] = Field("served_tokens", description="between the tenants of a "
+                                                       "class: the least tokens served goes next (the Virtual "
+                                                       "Token Counter), or the oldest request (for comparison)")
+    tenant_headroom: float = Field(0.75, ge=0, lt=1, description="while two or more tenants of a class are active, "
+                                   "those holding their equal share or more leave free the slots the others need "
+                                   "to start their bursts at once (at least one), up to this share of the class's "
+                                   "slots; 0: none")
     max_queued: int = Field(10_000, ge=1, description="queued requests per class; more are shed")
     max_queued_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="queued request bodies, all classes")
     tiers: dict[Tier, TierScheduling] = Field(default_factory=dict)
@@ -391,16 +443,16 @@ class PriceVersion(Strict):
     it was priced at, so a new version never rewrites past costs."""
 
     effective: date
-    input_per_m: float = Field(ge=0)
-    output_per_m: float = Field(ge=0)
-    cached_input_per_m: float | None = Field(None, ge=0, description="prompt tokens vLLM served from its "
-                                             "prefix cache; defaults to the input price")
+    input_per_m: float = Field(ge=0, le=MAX_USD_PER_M)
+    output_per_m: float = Field(ge=0, le=MAX_USD_PER_M)
+    cached_input_per_m: float | None = Field(None, ge=0, le=MAX_USD_PER_M, description="prompt tokens vLLM "
+                                             "served from its prefix cache; defaults to the input price")
 
 
 class Prices(Strict):
     models: dict[Name, list[PriceVersion]] = Field(default_factory=dict, description="versions per model, any order")
-    class_multipliers: dict[Tier, float] = Field(
-        default_factory=lambda: {"premium": 1.0, "standard": 1.0, "batch": 1.0},
+    class_multipliers: dict[Tier, Annotated[float, Field(ge=0, le=1000)]] = Field(
+        default_factory=lambda: dict.fromkeys(TIERS, 1.0),
         description="by the class a request ran in: premium may pay for its priority")
     batch_api_discount: float = Field(0.5, ge=0, le=1, description="share off for Batch API lines (OpenAI: 50%)")
     cache_hit_factor: float = Field(0.0, ge=0, le=1, description="a cache hit costs this share of the fresh "
@@ -416,6 +468,47 @@ class Prices(Strict):
             if not versions:
                 raise ValueError(f"{name}: give at least one price version")
         return models
+
+
+class CurrencyRate(Strict):
+    """How many units of ``finance.currency`` one USD is from ``effective`` (a UTC date) on: a new version never
+    re-converts a period that began before it (gateway.finance.money.display_currency)."""
+
+    effective: date
+    per_usd: float = Field(gt=0, le=1_000_000)
+
+
+class FinancePolicy(Strict):
+    """The organisation's currency for the finance page and statements (the ledger, its CSV and JSON stay in
+    USD): a period's amounts are converted at the rate in force on its first day."""
+
+    currency: Literal["USD", "KRW"] = Field("USD", description="USD, or KRW with usd_rates")
+    usd_rates: list[CurrencyRate] = Field(default_factory=list, description="versions [{effective: 2026-11-01, "
+                                          "per_usd: 1385}, ...], any order; needed for a currency other than USD")
+
+    @field_validator("usd_rates")
+    @classmethod
+    def _distinct_rate_days(cls, versions: list[CurrencyRate]) -> list[CurrencyRate]:
+        days = [v.effective for v in versions]
+        if len(set(days)) != len(days):
+            raise ValueError("two currency rate versions share an effective date")
+        return sorted(versions, key=lambda v: v.effective)
+
+    @model_validator(mode="after")
+    def _rates_for_the_currency(self) -> FinancePolicy:
+        if self.currency != "USD" and not self.usd_rates:
+            raise ValueError(f"currency {self.currency} needs usd_rates: [{{effective: YYYY-MM-DD, per_usd: N}}], "
+                             "how many of it one USD is from that day on")
+        if self.currency == "USD" and self.usd_rates:
+            raise ValueError("usd_rates convert USD to another currency: set currency (KRW) or leave them out")
+        return self
+
+
+class KeysPolicy(Strict):
+    """Runtime API keys (gateway.keys): made, rotated and revoked through the admin API."""
+
+    max_per_tenant: int = Field(100, ge=1, le=100_000, description="live keys (neither revoked nor expired) a "
+                                "tenant may hold; one more is refused (409 too_many_keys)")
 
 
 class LedgerPolicy(Strict):
@@ -467,7 +560,9 @@ class Policy(Strict):
     cache: CachePolicy = CachePolicy()
     scheduling: SchedulingPolicy = SchedulingPolicy()
     batches: BatchPolicy = BatchPolicy()
+    keys: KeysPolicy = KeysPolicy()
     prices: Prices = Prices()
+    finance: FinancePolicy = FinancePolicy()
     ledger: LedgerPolicy = LedgerPolicy()
     spend: SpendPolicy = SpendPolicy()
     state: StatePolicy = StatePolicy()
@@ -499,6 +594,9 @@ def cross_reference_errors(policy: Policy) -> list[tuple[str, str]]:
         for i, model in enumerate(tenant.models):
             if model != "*" and model not in policy.models:
                 errors.append((f"tenants.{name}.models.{i}", f"model '{model}' is not defined under models"))
+        for model in tenant.cache.models:
+            if model not in policy.models:
+                errors.append((f"tenants.{name}.cache.models.{model}", f"model '{model}' is not defined under models"))
         for i, key in enumerate(tenant.keys):
             if key in owners:
                 errors.append((f"tenants.{name}.keys.{i}", f"key is already used by tenant '{owners[key]}'"))

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.policy.schema import Policy
 from gateway.processes import reuse_port_socket, sharing_problems
-from tests.conftest import REDIS_URL, policy_dict
+from tests.conftest import policy_dict
 
 
 def policy(redis: bool = False, **limits: dict[str, object]) -> Policy:
@@ -20,7 +20,7 @@ def policy(redis: bool = False, **limits: dict[str, object]) -> Policy:
     for name, limit in limits.items():
         data["tenants"][name].update(limit)
     if redis:
-        data["state"] = {"redis_url": REDIS_URL}
+        data["state"] = {"redis_url": "redis://shared-state:6379/0"}  # read, never dialled
     return Policy.model_validate(data)
 
 

@@ -51,6 +51,7 @@ def test_up_serves_the_demo_key_and_stops_its_workers(tmp_path: Path) -> None:
         assert answer.usage is not None and answer.usage.completion_tokens == 3
         _embeddings(client, url)
         _responses(client, url)
+        _cached_with_the_clients_defaults(client, url)
         up.send_signal(signal.SIGTERM)
         up.wait(20)
         assert wait_for(lambda: not any(_alive(pid) for pid in workers), timeout=10), "workers outlived `up`"
@@ -85,6 +86,19 @@ def _embeddings(client: openai.OpenAI, url: str) -> None:
     assert fresh["cache"] == "miss" and sum(r["cache"] == "hit-exact" for r in records) == 1
     assert fresh["prompt_tokens"] == first.usage.prompt_tokens and fresh["completion_tokens"] == 0
     assert float(fresh["cost_usd"]) > 0  # type: ignore[arg-type]
+
+
+def _cached_with_the_clients_defaults(client: openai.OpenAI, url: str) -> None:
+    """The demo tenant is an FAQ service (cache answers: any_temperature): the official client with its defaults
+    (no temperature) asking a question again is answered from the cache; the personalised demo-premium never."""
+    def asked(key_client: openai.OpenAI) -> str:
+        raw = key_client.chat.completions.with_raw_response.create(
+            model="sim-llama-8b", messages=[{"role": "user", "content": "What are your opening hours?"}])
+        return raw.headers["x-tollgate-cache"]
+    assert asked(client).split(";")[0] == "miss"  # with the nearest of the tenant's entries ("hi", above)
+    assert wait_for(lambda: asked(client) == "hit-exact", timeout=10), "the answer is stored after it is sent"
+    other = openai.OpenAI(base_url=url + "/v1", api_key="tg-demo-premium-change-me", max_retries=0)
+    assert asked(other) == "bypass; reason=tenant_opt_out"
 
 
 def _responses(client: openai.OpenAI, url: str) -> None:

@@ -174,6 +174,7 @@ def secret_policy() -> dict[str, Any]:
     policy["spend"] = {"webhook_url": f"https://bot:{SECRETS['webhook_password']}@hooks.example.com/services/"
                                       f"{SECRETS['webhook_token']}?token={SECRETS['query_token']}"}
     policy["tracing"] = {"endpoint": f"http://otel:{SECRETS['tracing_password']}@collector:4318"}
+    policy["server"]["trusted_proxies"] = ["127.0.0.1/32"]  # the test client's peer: a proxy in front
     return policy
 
 
@@ -187,8 +188,8 @@ def test_redaction_takes_every_secret_out_and_keeps_what_says_where() -> None:
     assert [s for s in (*SECRETS.values(), *hashes) if s in text] == []
     assert shown["state"]["postgres_dsn"] == "postgresql://tollgate:<redacted>@db:5432/tollgate", "the user stays"
     assert shown["state"]["redis_url"] == "redis://:<redacted>@cache:6379/0"
-    assert shown["spend"]["webhook_url"] == "https://bot:<redacted>@hooks.example.com/<redacted>"
-    assert shown["tracing"]["endpoint"] == "http://otel:<redacted>@collector:4318"
+    assert shown["spend"]["webhook_url"] == "https://<redacted>@hooks.example.com/<redacted>"
+    assert shown["tracing"]["endpoint"] == "http://<redacted>@collector:4318"
     assert shown["pools"]["main"]["workers"] == ["http://gw:<redacted>@127.0.0.1:9/"]
     assert shown["server"]["admin_token_sha256"] == "<redacted>" and shown["server"]["max_body_bytes"] == 65536
     assert shown["tenants"]["demo"]["keys"] == ["key-" + hash_key(DEMO_KEY)[:12]], "as the ledger names the key"
@@ -223,7 +224,7 @@ def test_a_policy_change_is_audited_path_by_path_with_old_and_new_values_and_no_
             changed["tenants"]["demo"]["keys"].append("sha256:" + hash_key("tg-another-demo-key"))
             changed["spend"]["webhook_url"] = "https://hooks.example.com/services/NEW-S3CRET"
             del changed["tenants"]["bulk"]
-            from_proxy = {**ADMIN, "x-forwarded-for": "203.0.113.7"}  # the peer is 127.0.0.1: a trusted proxy
+            from_proxy = {**ADMIN, "x-forwarded-for": "203.0.113.7"}  # the peer, 127.0.0.1, is a trusted proxy
             reply = await client.put("/admin/policy", content=orjson.dumps(changed), headers=from_proxy)
             assert reply.status_code == 200, reply.text
             bad = secret_policy()
@@ -235,7 +236,7 @@ def test_a_policy_change_is_audited_path_by_path_with_old_and_new_values_and_no_
             assert [e["action"] for e in log] == ["policy.reject", "policy.apply"], "newest first"
             rejected, applied = log
             assert rejected["details"]["errors"] == ["tenants.demo.tier"] and rejected["client"] == "127.0.0.1"
-            assert applied["actor"] == ADMIN_ID and applied["client"] == "203.0.113.7"
+            assert applied["actor"] == ADMIN_ID and (applied["client"], applied["peer"]) == ("203.0.113.7", "127.0.0.1")
             assert applied["details"]["digest"] == {"old": before, "new": app.gateway.store.current.digest}
             by_path = {c["path"]: c for c in applied["details"]["changes"]}
             assert by_path["tiers.standard.max_tokens_cap"] == {"path": "tiers.standard.max_tokens_cap",
@@ -243,7 +244,7 @@ def test_a_policy_change_is_audited_path_by_path_with_old_and_new_values_and_no_
             assert by_path["tenants.demo.keys"] == {
                 "path": "tenants.demo.keys", "change": "changed", "old": ["key-" + hash_key(DEMO_KEY)[:12]],
                 "new": ["key-" + hash_key(DEMO_KEY)[:12], "key-" + hash_key("tg-another-demo-key")[:12]]}
-            assert by_path["spend.webhook_url"]["old"] == "https://bot:<redacted>@hooks.example.com/<redacted>"
+            assert by_path["spend.webhook_url"]["old"] == "https://<redacted>@hooks.example.com/<redacted>"
             assert by_path["spend.webhook_url"]["new"] == "https://hooks.example.com/<redacted>"
             assert by_path["tenants.bulk"]["change"] == "removed" and by_path["tenants.bulk"]["old"]["tier"] == "batch"
             assert applied["details"]["changes_total"] == len(by_path) == 4
@@ -255,10 +256,11 @@ def test_a_policy_change_is_audited_path_by_path_with_old_and_new_values_and_no_
 
 def test_the_audit_names_the_caller_behind_trusted_proxies_only() -> None:
     """From a trusted peer, X-Forwarded-For is read from its right end past each trusted hop; from any other
-    peer it is the peer's word only and not believed."""
+    peer it is the peer's word only and not believed (tests/inprocess/http/test_forwarded.py: the peer beside)."""
     async def purge(peer: tuple[str, int], forwarded: str) -> str:
         policy = policy_dict(["http://127.0.0.1:9"])
         policy["cache"] = {"enabled": True}
+        policy["server"]["trusted_proxies"] = ["127.0.0.0/8"]
         async with admin_client(policy, peer=peer) as (client, _):
             reply = await client.delete("/admin/cache?tenant=demo", headers={**ADMIN, "x-forwarded-for": forwarded})
             assert reply.status_code == 200

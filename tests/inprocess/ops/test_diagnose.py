@@ -57,8 +57,9 @@ def test_loop_lag_counts_this_runs_samples_only() -> None:
 
 
 def test_the_report_leads_with_its_first_problem_and_gives_fixes_only_for_problems() -> None:
-    report = diagnose.Report([diagnose.Finding("buffering", True, "held back", "proxy_buffering off"),
-                              diagnose.Finding("upstream keep-alive", False, "fine", "never shown")])
+    reading = diagnose.Reading
+    report = diagnose.Report([diagnose.Finding("buffering", reading.PROBLEM, "held back", "proxy_buffering off"),
+                              diagnose.Finding("upstream keep-alive", reading.OK, "fine", "never shown")])
     lines = report.text().splitlines()
     assert lines[0] == "Where the time goes: buffering. proxy_buffering off"
     assert "[PROBLEM] buffering: held back" in lines and "        fix: proxy_buffering off" in lines
@@ -75,3 +76,33 @@ def test_a_probe_times_each_content_event_of_a_stream() -> None:
     assert probe.status == 200 and len(probe.arrivals) == 3, "an empty delta is not a token"
     assert probe.ttft == probe.arrivals[0] and probe.arrivals == sorted(probe.arrivals)
     assert probe.arrivals[-1] - probe.arrivals[0] >= 0.02 and probe.total >= probe.arrivals[-1]
+
+
+def test_answers_with_no_text_give_readings_that_say_not_measured_never_nan() -> None:
+    """A tiny random-weights model can answer in deltas that decode to nothing: every check still reads as a
+    sentence (positive control: the same worker with text gives figures)."""
+    async def run(words: list[str]) -> diagnose.Report:
+        async with FakeWorker(stream_of(words, gap_s=0.001)) as worker:
+            return await diagnose.run(worker.url, None, "sim-llama-8b", direct=worker.url, samples=2, tokens=4)
+    silent = asyncio.run(run(["", ""]))
+    text = silent.text()
+    assert "nan" not in text.lower().split() and "nan%" not in text and "nan ms" not in text, text
+    found = {f.check: f.detail for f in silent.findings}
+    readings = {f.check: f.reading for f in silent.findings}
+    assert readings["proxy overhead"] is readings["buffering"] is diagnose.Reading.NOT_MEASURED
+    assert "[not measured] buffering: each answer carried at most" in text
+    assert "every check passed" not in text and "not measured: proxy overhead, buffering" in text.splitlines()[0]
+    assert "ttft_p50_ms" not in silent.figures
+    spoken = asyncio.run(run(["a", "b", "c"]))
+    found = {f.check: f.detail for f in spoken.findings}
+    assert "ms direct" in found["proxy overhead"] and "spread over" in found["buffering"], spoken.text()
+    assert "flagged past 1.5x and +50 ms" in found["proxy overhead"]
+    assert spoken.figures["ttft_p50_ms"] > 0
+
+
+def test_a_time_is_flagged_past_its_stated_factor_and_floor() -> None:
+    """Crowding: 15 ms alone against 85 ms beside is a problem (5.7x, +70 ms); 11 against 36 ms is not (3.3x
+    but +25 ms, a busy host's noise); 100 against 190 ms is not (1.9x)."""
+    bound = diagnose.CROWDING_BOUND
+    assert diagnose.differs(0.085, 0.015, *bound) and not diagnose.differs(0.036, 0.011, *bound)
+    assert not diagnose.differs(0.190, 0.100, *bound) and diagnose.differs(0.210, 0.100, *bound)

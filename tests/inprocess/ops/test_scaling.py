@@ -120,7 +120,7 @@ def test_each_class_is_held_to_its_own_ttft_objective() -> None:
 
 
 def recorded() -> list[dict[str, str]]:
-    """A trace recorded by `python -m loadtest.record_trace`: the gateway's own scale-signal inputs every 5 s
+    """A trace recorded by `python -m loadtest run record_trace`: the gateway's own scale-signal inputs every 5 s
     while two simulated workers took light load, a 6.5-minute overload, busy load, light load, a 20-second
     blip and 22 idle minutes (loadtest/RESULTS.md, "Scale signal on a recorded trace")."""
     with open(Path(__file__).resolve().parents[2] / "data" / "scale_trace.csv", newline="") as f:
