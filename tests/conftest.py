@@ -12,27 +12,21 @@ from typing import Any
 import httpx
 import pytest
 
-from loadtest import procs as procs_
-from loadtest.fixtures import (
-    ADMIN_TOKEN,
-    BATCH_KEY,
-    DEMO_KEY,
-    FINANCE_TOKEN,
-    PREMIUM_KEY,
-    metric_value,
-    policy_dict,
-)
-from loadtest.procs import ROOT, Proc
+from loadtest.harness import procs as procs_
+from loadtest.harness.fixtures import ADMIN_TOKEN, BATCH_KEY, DEMO_KEY, FINANCE_TOKEN, PREMIUM_KEY, metric_value
+from loadtest.harness.policy import build_policy as policy_dict
+from loadtest.harness.procs import ROOT, Proc
 
 __all__ = ["ADMIN_TOKEN", "BATCH_KEY", "DEMO_KEY", "FINANCE_TOKEN", "PREMIUM_KEY", "ROOT", "Proc", "metric_value",
            "policy_dict"]
 REDIS_URL = "redis://127.0.0.1:6379/0"  # the machine's Redis (CI starts one when none answers)
 
 
-# Where a test stands says what it starts: tests/inprocess/ (mirroring gateway/ and workers/) starts no process
-# (Redis, PostgreSQL and loopback sockets inside the test's own process are fine) and is `make unit`;
-# tests/process/ starts simulated workers, gateways and tools; tests/vllm/ starts real vLLM on the CPU.
-# tests/inprocess/test_structure.py holds the in-process layer to that.
+# Where a test stands says what it needs: tests/inprocess/ (mirroring gateway/ and workers/) needs nothing but
+# Python: it starts no process and uses no server (loopback sockets inside the test's own process are fine), and is
+# `make unit`; tests/process/ starts simulated workers, gateways and tools, and uses this machine's Redis and
+# PostgreSQL; tests/vllm/ starts real vLLM on the CPU. tests/inprocess/test_structure.py holds the in-process
+# layer to that.
 IN_PROCESS = "tests.inprocess."
 
 

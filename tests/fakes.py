@@ -8,6 +8,7 @@ what the worker answers, and the pipeline runs as in production, without ASGI an
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,6 +25,7 @@ from gateway.policy.loader import PolicySnapshot, PolicyStore
 from gateway.policy.schema import Policy
 from gateway.runtime import Gateway
 from gateway.sink import BufferSink
+from gateway.transport.http1 import Response
 from tests.conftest import policy_dict
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -149,14 +151,15 @@ async def running_gateway(workers: list[str], **pool: Any) -> AsyncIterator[Gate
 
 
 async def call(gw: Gateway, body: dict[str, Any] | bytes, tenant: str = "demo",
-               endpoint: Endpoint = CHAT) -> tuple[RequestContext, BufferSink]:
-    """One request (a body, or its raw bytes) through the pipeline's lifecycle, answered into a buffer."""
+               endpoint: Endpoint = CHAT, sink: type[BufferSink] = BufferSink) -> tuple[RequestContext, BufferSink]:
+    """One request (a body, or its raw bytes) through the pipeline's lifecycle, answered into a buffer (``sink``:
+    its class)."""
     ctx = RequestContext("test-request", gw.store.current, endpoint)
     ctx.tenant = gw.store.current.tenants[tenant]
-    sink = BufferSink()
-    async with pipeline.Lifecycle(gw, ctx, sink):
-        await pipeline.run(gw, ctx, body if isinstance(body, bytes) else orjson.dumps(body), sink)
-    return ctx, sink
+    answer = sink()
+    async with pipeline.Lifecycle(gw, ctx, answer):
+        await pipeline.run(gw, ctx, body if isinstance(body, bytes) else orjson.dumps(body), answer)
+    return ctx, answer
 
 
 def live_worker(url: str, pool: str = "p", scraped_at: float = 0.0, limit: int = 0) -> Worker:
@@ -182,3 +185,56 @@ class HandClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class ScriptedResponse(Response):
+    """A worker's answer from memory: its body in the pieces a worker writes, one piece a read (as vLLM's tokens
+    arrive one event a read), with no connection behind it."""
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], pieces: list[bytes]) -> None:
+        super().__init__(None)  # type: ignore[arg-type]
+        self.status, self.headers, self.keep_alive = status, headers, True
+        self.pieces = collections.deque(pieces)
+
+    async def readany(self) -> bytes:
+        return self.pieces.popleft() if self.pieces else b""
+
+    async def read(self) -> bytes:
+        body = b"".join(self.pieces)
+        self.pieces.clear()
+        return body
+
+
+class ScriptedClient:
+    """A pool's client (gateway.transport.http1.Client's ``request``) answering from a script, in memory: what a
+    request costs the gateway, without the sockets' timing (which decides how a stream's events group into reads).
+    ``answer(body)``: (status, headers, pieces) for a request's body."""
+
+    def __init__(self, answer: Callable[[bytes], tuple[int, list[tuple[bytes, bytes]], list[bytes]]]) -> None:
+        self.answer = answer
+        self.answers: dict[bytes, tuple[int, list[tuple[bytes, bytes]], list[bytes]]] = {}  # written once per body
+
+    async def request(self, method: bytes, url: str, path: str, body: bytes = b"",
+                      headers: list[tuple[bytes, bytes]] | None = None,
+                      sent: list[float] | None = None) -> ScriptedResponse:
+        if sent is not None:
+            sent.append(time.perf_counter())
+        answer = self.answers.get(body)
+        if answer is None:
+            answer = self.answers[body] = self.answer(body)
+        return ScriptedResponse(*answer)
+
+    def close(self) -> None:
+        pass
+
+
+def vllm_answer(body: bytes, tokens: int = 16) -> tuple[int, list[tuple[bytes, bytes]], list[bytes]]:
+    """What vLLM answers a chat request with ``tokens`` tokens: a whole answer, or (``stream``) one event per read,
+    each with the continuous usage the gateway asks for, then the usage event and [DONE]."""
+    asked = orjson.loads(body)
+    if not asked.get("stream"):
+        answer = completion_json("word " * tokens, prompt=7, completion=tokens)
+        return 200, [(b"content-type", b"application/json")], [orjson.dumps(answer)]
+    pieces = [chunk(" word", "length" if i == tokens - 1 else None, (7, i + 1)) for i in range(tokens)]
+    pieces += [usage_event(7, tokens, 2), b"data: [DONE]\n\n"]
+    return 200, [(b"content-type", b"text/event-stream")], pieces

@@ -22,6 +22,7 @@ CONTEXT_WRITERS = {
     "batch": "gateway/batches/runner.py",
     "service_class": "gateway/pipeline.py",
     "cache": "gateway/cache/decision.py", "cache_similarity": "gateway/cache/decision.py",
+    "cache_reason": "gateway/cache/decision.py", "cache_nearest": "gateway/cache/decision.py",
     "worker": "gateway/upstream/dispatch.py", "attempts": "gateway/upstream/dispatch.py",
     "route": "gateway/upstream/dispatch.py", "past_limit": "gateway/scheduling/controller.py",
     "prompt_tokens": "gateway/pipeline.py", "completion_tokens": "gateway/pipeline.py",
@@ -97,7 +98,7 @@ def test_each_part_of_a_worker_has_one_writer() -> None:
     wrong = [f"{module} writes worker.{kind}.{name}" for module, kind, name in writes()
              if kind in WORKER_PART_WRITERS and WORKER_PART_WRITERS[kind] != module]
     wrong += [f"{module} writes worker.inflight" for module, kind, _ in writes()
-              if kind == "leased" and module != "gateway/upstream/pools.py"]
+              if kind == "leased" and module != "gateway/upstream/dispatch.py"]
     assert wrong == []
 
 
@@ -122,7 +123,7 @@ def test_the_checks_see_a_second_writer() -> None:
 
 
 IN_PROCESS = ROOT / "tests" / "inprocess"
-STARTERS = ("loadtest.procs", "subprocess", "multiprocessing", "tests.conftest.start")
+STARTERS = ("loadtest.harness.procs", "subprocess", "multiprocessing", "tests.conftest.start")
 
 
 def process_starters(tree: ast.AST) -> list[str]:
@@ -145,6 +146,51 @@ def test_the_in_process_layer_starts_no_process() -> None:
     assert wrong == []
     assert process_starters(ast.parse("import subprocess\ndef test(start_sim): ...\n")) == [
         "imports subprocess", "takes the start_sim fixture"]
+
+
+# What needs a server: this machine's Redis or PostgreSQL by tests/conftest.py's names for them (and its pg_dsn
+# fixture), their client libraries, and their loopback addresses.
+SERVER_NAMES = ("REDIS_URL", "PG_ADMIN_DSN", "PG_TEST_DB", "pg_dsn")
+SERVER_CLIENTS = ("redis", "psycopg")
+SERVER_ADDRESSES = ("127.0.0.1:6379", "localhost:6379", "[::1]:6379", "127.0.0.1:5432", "localhost:5432",
+                    "[::1]:5432")
+
+
+def servers_used(tree: ast.AST) -> list[str]:
+    """What in a test module needs a server to be running: a name of this machine's Redis or PostgreSQL (imported,
+    read, taken as a fixture or asked for by name), an import of their clients, or one of their addresses."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found += [f"imports {m}" for m in modules if m.split(".")[0] in SERVER_CLIENTS]
+            found += [f"imports {a.name}" for a in node.names if a.name in SERVER_NAMES]
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else \
+            node.arg if isinstance(node, ast.arg) else None
+        if name in SERVER_NAMES:
+            found.append(f"names {name}")
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value in SERVER_NAMES:
+                found.append(f"asks for {node.value}")
+            found += [f"dials {address}" for address in SERVER_ADDRESSES if address in node.value]
+    return found
+
+
+def test_the_in_process_layer_needs_nothing_but_python() -> None:
+    """`make unit` runs with no server: no in-process test module names this machine's Redis or PostgreSQL
+    (tests/conftest.py's REDIS_URL, the pg_dsn fixture), imports their clients or dials their ports. Such a test
+    stands in tests/process (a test run on several stores keeps its in-process store here, and tests/process
+    collects it again on Redis or PostgreSQL). The positive control is a module that does each."""
+    wrong = [f"{path.relative_to(ROOT)} {why}" for path in sorted(IN_PROCESS.rglob("*.py"))
+             if path.name != "test_structure.py" for why in servers_used(ast.parse(path.read_text()))]
+    assert wrong == []
+    control = ("import redis\nfrom tests.conftest import REDIS_URL\n"
+               "def test(pg_dsn, request): request.getfixturevalue('pg_dsn')\n"
+               "STORE = 'redis://127.0.0.1:6379/15'\n")
+    assert sorted(servers_used(ast.parse(control))) == [
+        "asks for pg_dsn", "dials 127.0.0.1:6379", "imports REDIS_URL", "imports redis", "names pg_dsn"]
+    assert servers_used(ast.parse("DOWN = 'redis://127.0.0.1:1/0'\nSHOWN = 'redis://cache:6379/0'\n")) == [], \
+        "a port nothing listens on, or a policy's URL that is only read, needs no server"
 
 
 def test_every_test_stands_in_its_layer() -> None:

@@ -3,8 +3,9 @@
 "Above" is the request path read from the edge down: the entry points (cli) over the HTTP edge (gateway.http:
 the app, its routes and guards, asgi), over the batch runner (a caller of the pipeline), over the pipeline,
 over the runtime, over the steps' modules (auth, openai_api, cache, spend, scheduling, upstream, fleet,
-ledger ...), over the sink, over the one renderer of outcomes (gateway.outcomes), over the shared leaves
-(context, errors, sse, metrics, the endpoints: one object per API, policy).
+ledger, finance ...), over the sink, over the one renderer of outcomes (gateway.outcomes), over the shared leaves
+(context, errors, sse, metrics, the endpoints: one object per API, policy). The finance figures and documents
+(gateway.finance) sit among the steps, under the edge's finance routes, and load no web framework.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ LAYERS: list[set[str]] = [
     {"gateway.http.server"},
     {"gateway.http.app"},
     {"gateway.http.reports_page"},
-    {"gateway.http.gpu_reports", "gateway.http.gpu_page", "gateway.http.statements"},
+    {"gateway.http.gpu_reports", "gateway.http.statements"},
     {"gateway.http.admin", "gateway.http.keys_api", "gateway.http.reports", "gateway.http.batch_api",
      "gateway.http.objects"},
     {"gateway.http.guards"},
@@ -155,6 +156,19 @@ def test_below_the_edge_nothing_loads_the_web_framework() -> None:
     assert done.stdout.strip() == "[]"
 
 
+def test_the_finance_figures_load_no_web_framework() -> None:
+    """gateway.finance builds what finance reads (figures, statements, the page's HTML) and knows no HTTP: loading
+    every module of it loads no Starlette, uvicorn or ASGI module; the edge (gateway.http) turns its bodies into
+    answers."""
+    finance = [m for m in modules() if m == "gateway.finance" or m.startswith("gateway.finance.")]
+    assert "gateway.finance.statements" in finance and "gateway.finance.page" in finance
+    probe = (f"import sys, {', '.join(finance)}; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('starlette', 'uvicorn', 'asgiref')))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 def test_every_module_imports_on_its_own() -> None:
     def load(module: str) -> tuple[str, str]:
         done = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT, capture_output=True, text=True,
@@ -169,7 +183,7 @@ def test_every_module_imports_on_its_own() -> None:
 
 def test_the_benchmarks_never_import_the_tests() -> None:
     """loadtest/ is an installed package and tests/ is not: a benchmark that imports tests/ breaks outside a
-    checkout. What both need (the test policy, its keys, reading a metric) is loadtest.fixtures."""
+    checkout. What both need (the test policy, its keys, reading a metric) is loadtest.harness (fixtures, policy)."""
     wrong = []
     for path in sorted((ROOT / "loadtest").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
