@@ -139,7 +139,7 @@ async def planted(tmp: Path) -> dict[str, Any]:
                 started, served_wrong, results = time.monotonic(), 0, []
                 for q in asked:
                     r = await ask(q)
-                    results.append(r.headers.get("x-tollgate-cache"))
+                    results.append(outcome(r.headers.get("x-tollgate-cache", "")))
                     text = r.json()["choices"][0]["message"]["content"]
                     served_wrong += text != worker.table[q]
                     await asyncio.sleep(0.2)
@@ -153,6 +153,11 @@ async def planted(tmp: Path) -> dict[str, Any]:
     return out
 
 
+def outcome(header: str) -> str:
+    """The outcome of ``x-tollgate-cache: <outcome>[; key=value]`` ("miss", "hit-semantic", ...)."""
+    return header.split(";", 1)[0].strip()
+
+
 async def stream(session: aiohttp.ClientSession, url: str, q: str) -> tuple[float | None, str]:
     body = {"model": MODEL, "messages": [{"role": "user", "content": q}], "max_tokens": 16, "temperature": 0,
             "stream": True}
@@ -161,7 +166,7 @@ async def stream(session: aiohttp.ClientSession, url: str, q: str) -> tuple[floa
         async for line in r.content:
             if ttft is None and line.startswith(b"data:"):
                 ttft = time.perf_counter() - started
-        return ttft, r.headers.get("x-tollgate-cache", "")
+        return ttft, outcome(r.headers.get("x-tollgate-cache", ""))
 
 
 async def live(tmp: Path, n: int, rate: float) -> dict[str, Any]:
@@ -392,7 +397,7 @@ async def demo(tmp: Path, only_merged: bool) -> dict[str, Any]:
                 r = await client.post("/v1/chat/completions", json={
                     "model": MODEL, "messages": [{"role": "user", "content": q}], "max_tokens": 48})
                 assert r.status_code == 200, r.text
-                return r.headers.get("x-tollgate-cache", "")
+                return outcome(r.headers.get("x-tollgate-cache", ""))
             for a, b, _ in rows:
                 if sum(hits.values()) >= 40:
                     break
