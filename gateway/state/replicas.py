@@ -24,7 +24,7 @@ Beside it, each process reports the tenants it saw in the last minute, per pool 
 holds there (a second hash, written by the same script call: no Redis call per request). The others' sum is
 ``elsewhere``: a tenant flooding one replica holds its part of every worker there, and what it may take beyond
 that part (a premium request's spill) is judged against its share of the fleet, with the tenants only the
-other replicas see counted in (gateway.scheduling.queues.PoolState.fleet_heavy).
+other replicas see counted in (gateway.scheduling.flows.ClassQueue.over_share, given PoolState.elsewhere).
 
 A newcomer takes its part only after ``2 * beat_s``, when every other process has seen it and shrunk its own
 part; until then it sends nothing new upstream (it queues). While Redis is down each process keeps its last
