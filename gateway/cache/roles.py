@@ -210,6 +210,11 @@ def warm() -> None:
     _ANALYSER.get()
 
 
+def load_in_background() -> None:
+    """Start loading the Korean analyser on a thread of its own, if it is not loaded or loading: returns at once."""
+    _ANALYSER.load_in_background()
+
+
 def _on_loop() -> bool:
     try:
         asyncio.get_running_loop()

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from gateway.cache import embedder as embedders
+from gateway.cache import roles
 from gateway.cache.audit import Audits, Sample, Verdict
 from gateway.cache.bounds import Footprint
 from gateway.cache.embedder import Embedder
@@ -93,6 +94,8 @@ class SemanticCache:
         if self.embedder is None:
             self.embedder = await asyncio.to_thread(embedders.build, self.spec.embedder, self.spec.batch_max,
                                                     self.spec.batch_wait_ms / 1000)
+        if self.spec.verifier:
+            roles.load_in_background()  # the Korean analyser, loaded before the first lookup needs it
         self.index = VectorIndex(self.embedder.dim, self.spec.hnsw_above)
         self._count_held()
         self._indexer = asyncio.get_running_loop().create_task(self._index_when_quiet())
@@ -223,8 +226,8 @@ class SemanticCache:
             if entry is None:
                 index.remove(entry_id)  # expired or evicted elsewhere
                 continue
-            if spec.verifier:
-                reason = verify(key.text, entry.question)
+            if spec.verifier:  # off the loop: a Korean question is read by morphology (gateway.cache.roles)
+                reason = await asyncio.to_thread(verify, key.text, entry.question)
                 if reason is not None:
                     self.metrics.cache_rejections.labels(reason).inc()
                     continue
