@@ -124,7 +124,10 @@ def test_the_statement_in_json_csv_and_a_page_lists_every_tenant(tmp_path: Path)
     assert not re.search(r"(src|href)=\"https?://", html), "nothing fetched from elsewhere"
     assert html.count('data-testid="tenant-section"') == 5
     assert "(refused before a model)" in html and "(untagged)" in html and "Open:" in html
-    assert "0.00001" in html and not EXPONENT.search(re.sub(r"<style>.*?</style>", "", html, flags=re.S))
+    # the page shows amounts to the cent (gateway.finance.money): prem's $0.00001 is 0.00, never 1e-05, and the
+    # statement says how its rounded lines relate to its totals
+    assert not EXPONENT.search(re.sub(r"<style>.*?</style>", "", html, flags=re.S))
+    assert "rounded to the cent from the ledger" in html and "0.00001" not in html
     assert EVIL.replace('"', "&quot;") in html, "escaped on the page"
 
 
@@ -147,13 +150,16 @@ def test_the_workbook_has_a_sheet_per_view_and_per_tenant_with_numbers_as_number
     total = rows["Total"]
     assert isinstance(total[spend].value, float)
     assert total[spend].value == pytest.approx(out.json()["total"]["cost_usd"])
-    assert total[spend].number_format.startswith('"$"') and total[1].value == 5 and total[1].number_format == "#,##0"
+    assert total[spend].number_format == "#,##0.00", "to the cent, as the page shows it (the header names USD)"
+    assert total[1].value == 5 and total[1].number_format == "#,##0"
     assert all(c.font.b for c in total)
     evil = rows[EVIL][0]
     assert evil.data_type == "s" and evil.value == EVIL and evil.quotePrefix, "text, never a formula"
-    assert wb["Statement"]["B6"].value.startswith("no")
+    items = {r[0].value: r[1].value for r in wb["Statement"].iter_rows(min_row=2)}
+    assert items["Closed"].startswith("no") and items["Period (UTC)"] == "2026-10-01 to 2026-10-31"
     single = openpyxl.load_workbook(io.BytesIO(one.content))
-    assert single.sheetnames == fixed, "one tenant: no sheet per tenant"
+    assert single.sheetnames == [n for n in fixed if n != "GPU idle by worker"], \
+        "one tenant: no sheet per tenant, and nothing of the fleet's (its idle hours)"
     assert [r[0].value for r in single["Summary by tenant"].iter_rows(min_row=2)] == ["prem", "Total"]
 
 
@@ -179,8 +185,9 @@ def test_a_statement_asks_for_a_month_that_has_begun_in_one_of_its_formats() -> 
     now = datetime(2026, 11, 17, tzinfo=UTC).timestamp()
     assert parse_statement(asked("month=2026-11"), now) == ("2026-11", "json"), "a month under way states so far"
     assert parse_statement(asked("month=2026-10&format=xlsx"), now) == ("2026-10", "xlsx")
-    for query, param in (("month=2026-12", "month"), ("month=2026-10&format=pdf", "format"), ("", "month"),
-                         ("month=2026-10&to=2026-10-31", "to")):
+    assert parse_statement(asked(""), now) == ("2026-11", "json"), "no month: this one, so far"
+    for query, param in (("month=2026-12", "month"), ("month=2026-10&format=pdf", "format"),
+                         ("month=2026-10&to=2026-10-31", "to"), ("month=2026-1", "month")):
         with pytest.raises(InvalidRequest) as refused:
             parse_statement(asked(query), now)
         assert refused.value.param == param, query
@@ -218,7 +225,7 @@ def test_closing_takes_the_admin_token_and_a_month_that_has_ended_once_and_in_or
 def test_each_parameter_that_cannot_be_honoured_is_a_400_naming_it(tmp_path: Path) -> None:
     future = datetime.fromtimestamp(time.time() + 40 * 86400, UTC).strftime("%Y-%m")
     asks = [(get(month="2026-13"), "month", "YYYY-MM"), (get(month="abc"), "month", "YYYY-MM"),
-            (get(), "month", "required"), (get(month=future), "month", "has not begun"),
+            (get(month="2026-10-01"), "month", "YYYY-MM"), (get(month=future), "month", "has not begun"),
             (get(month="2026-10", **{"from": "2026-10-01"}), "from", "calendar month"),
             (get(month="2026-10", tenant="nobody"), "tenant", "bulk, demo, prem"),
             (get(month="2026-10", format="pdf"), "format", "json, html, csv, xlsx"),
