@@ -81,12 +81,17 @@ class Timings:
         self.ttft = ttft = time.perf_counter() - self.start
         return ttft
 
-    def server_timing(self) -> bytes:
+    def server_timing(self, whole: bool = False) -> bytes:
+        """The stages so far as Server-Timing entries. ``whole``: the answer is in hand and goes out with these
+        headers, so ``total`` is known now (arrival until the headers; the body follows in the same write). It is
+        read, never stored: ``total`` is stamped once, by accounting, when the last byte has gone."""
         parts = []
         for name in STAGES:
             value = getattr(self, name)
             if value is not None:
                 parts.append(f"{name};dur={value * 1000:.3f}")
+        if whole and self.total is None:
+            parts.append(f"total;dur={(time.perf_counter() - self.start) * 1000:.3f}")
         return ", ".join(parts).encode()
 
 
@@ -140,9 +145,10 @@ class RequestContext:
         """The class this request ran in, as metrics label it ("none" before authentication)."""
         return self.service_class if self.tenant else "none"
 
-    def server_timing(self) -> bytes:
-        """The stages so far, and the routing choice (as a Server-Timing description, no duration)."""
-        stages = self.timings.server_timing()
+    def server_timing(self, whole: bool = False) -> bytes:
+        """The stages so far (``total`` too for a ``whole`` answer: Timings.server_timing), and the routing choice
+        (as a Server-Timing description, no duration)."""
+        stages = self.timings.server_timing(whole)
         return stages + b', route;desc="' + self.route.encode() + b'"' if self.route else stages
 
     def cache_header(self) -> bytes:

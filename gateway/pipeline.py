@@ -409,7 +409,7 @@ async def serve_hit(ctx: RequestContext, found: Lookup, sink: Sink, wants_usage:
     ctx.timings.first_byte()
     await sink.start(200, [*ctx.response_headers(), (b"content-type", content_type),
                            (b"content-length", str(len(body)).encode()), (b"cache-control", b"no-cache"),
-                           (b"server-timing", ctx.server_timing())])
+                           (b"server-timing", ctx.server_timing(whole=True))])
     await sink.send(body)
 
 

@@ -257,6 +257,6 @@ async def relay_body(ctx: RequestContext, worker: Worker, response: Response, si
         *ctx.response_headers(),
         (b"content-type", response.header(b"content-type") or b"application/json"),
         (b"content-length", str(len(body)).encode()),
-        (b"server-timing", ctx.server_timing()),
+        (b"server-timing", ctx.server_timing(whole=True)),
     ])
     await sink.send(body)

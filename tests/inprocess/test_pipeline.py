@@ -49,7 +49,9 @@ def test_non_streaming_answer_is_relayed_with_usage_and_stages() -> None:
             assert ctx.worker == w.url and ctx.attempts == 1
             assert ctx.timings.upstream_connect is not None and ctx.timings.ttft is not None
             assert sink.header(b"x-tollgate-max-tokens") == b"requested; value=8"
-            assert b"ttft;dur=" in (sink.header(b"server-timing") or b"")
+            timing = dict(part.split(";dur=") for part in (sink.header(b"server-timing") or b"").decode().split(", "))
+            assert float(timing["ttft"]) <= float(timing["total"]), "a whole answer's headers carry its total"
+            assert ctx.timings.total is not None and float(timing["total"]) <= ctx.timings.total * 1000
             assert inflight(gw) == 0
     asyncio.run(main())
 
