@@ -276,8 +276,22 @@ class KeyService:
     async def rotate(self, snapshot: PolicySnapshot, kid: str, grace_s: float, actor: str,
                      client: str | None) -> tuple[KeyRecord, str, KeyRecord]:
         """A new key with the old one's tenant, name, limits and expiry; the old one stays valid ``grace_s``
-        more seconds (never past its own expiry). (the new record, its key, the old record)."""
+        more seconds (never past its own expiry). (the new record, its key, the old record).
+
+        A lineage holds at most two live keys: a key whose predecessor is still in its grace is not rotated
+        again (409 ``rotation_in_grace``) until that grace ends or the predecessor is revoked. So rotations add at
+        most one live key per key the cap admitted, and a tenant holds at most twice ``keys.max_per_tenant``
+        live keys, half of them in their grace. Read from this process's copy of the keys, refreshed first: a
+        key's row and its predecessor's grace are written in one transaction, and a grace is never lengthened, so
+        a copy that holds the key knows a grace at least as long as the real one (a stale read refuses, never
+        admits)."""
+        await self.refresh()
         now = self.clock()
+        record = self._by_id.get(kid)
+        before = self._by_id.get(record.rotated_from) if record is not None and record.rotated_from else None
+        if before is not None and before.valid(now):
+            raise Conflict(f"{kid} replaced {before.id}, which works until {iso(before.expires_at)}: rotate {kid} "
+                           f"once that grace is over, or revoke {before.id} first.", "rotation_in_grace")
         clashes = 0
         while True:
             secret, digest = _fresh()

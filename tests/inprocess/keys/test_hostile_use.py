@@ -8,6 +8,7 @@ a tenant's keys die with it, and a tenant holds at most the policy's number of l
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import sqlite3
 from collections.abc import AsyncIterator
@@ -16,10 +17,12 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.errors import RateLimited
 from gateway.http.app import create_app
 from gateway.policy.loader import PolicySnapshot, PolicyStore
 from gateway.policy.schema import MAX_USD, Policy
@@ -123,9 +126,10 @@ def test_a_keys_batch_is_held_to_the_keys_own_budget_and_models(tmp_path: Path) 
     asyncio.run(main())
 
 
-def test_a_revoked_keys_batch_runs_no_line_past_the_revocation(tmp_path: Path) -> None:
-    """One line at a time; the first line is held in the worker while the key is revoked. That line (sent before)
-    is answered; the other 59 end key_revoked and never reach a worker."""
+@pytest.mark.parametrize("end", ["revoke", "expire"])
+def test_a_revoked_keys_batch_runs_no_line_past_the_revocation(tmp_path: Path, end: str) -> None:
+    """One line at a time; the first line is held in the worker while the key is revoked (or its expiry set to
+    now). That line (sent before) is answered; the other 59 end key_revoked and never reach a worker."""
     arrived, release = asyncio.Event(), asyncio.Event()
 
     async def handler(request: web.Request) -> web.Response:
@@ -139,13 +143,16 @@ def test_a_revoked_keys_batch_runs_no_line_past_the_revocation(tmp_path: Path) -
             key = await app.new_key(name="to revoke")
             batch = await app.batch(key["key"], 60)
             await arrived.wait()
-            revoked = await app.admin.post(f"/admin/keys/{key['id']}/revoke")
-            assert revoked.status_code == 200, revoked.text
+            if end == "revoke":
+                ended = await app.admin.post(f"/admin/keys/{key['id']}/revoke")
+            else:
+                ended = await app.admin.patch(f"/admin/keys/{key['id']}", json={"expires_in_s": 0})
+            assert ended.status_code == 200, ended.text
             release.set()
             async with app.client(key["key"]) as client:  # the key itself is refused at once
                 assert (await client.get("/v1/models")).status_code == 401
             done = await app.admin.get("/admin/keys/" + key["id"])
-            assert done.json()["status"] == "revoked"
+            assert done.json()["status"] == {"revoke": "revoked", "expire": "expired"}[end]
             batches = app.asgi.app.state.batches
             driver = batches._drivers.get(batch["id"])
             if driver is not None:
@@ -158,6 +165,35 @@ def test_a_revoked_keys_batch_runs_no_line_past_the_revocation(tmp_path: Path) -
             assert len(worker.requests) == 1, "only the line sent before the revocation ran"
         rows = ledger(tmp_path, "SELECT count(*) FROM ledger WHERE batch = ?", batch["id"])
         assert rows == [(1,)], rows
+    asyncio.run(main())
+
+
+def test_a_keys_batch_lines_wait_for_the_keys_own_rate_limit(tmp_path: Path) -> None:
+    """A key allowed 3 requests a minute (its tenant unlimited) submits 8 lines: 3 reach the worker, the fourth is
+    refused by the key's own limit (a line waits its retry time, it does not fail) and none past the third is
+    sent while the minute lasts."""
+    async def main() -> None:
+        async with answering() as worker, started(tmp_path, [worker.url],
+                                                  batches={"max_inflight_lines": 1}) as app:
+            key = await app.new_key(name="paced", rate_limit={"requests_per_minute": 3})
+            gw = app.asgi.app.state.batches.gw
+            limited, check = asyncio.Event(), gw.ratelimit.check
+
+            async def observed(tenant: Any, *args: Any, **kw: Any) -> Any:
+                try:
+                    return await check(tenant, *args, **kw)
+                except RateLimited:
+                    if getattr(tenant, "key_id", None) == key["id"]:
+                        limited.set()
+                    raise
+            gw.ratelimit.check = observed
+            batch = await app.batch(key["key"], 8)
+            await asyncio.wait_for(limited.wait(), 30)
+            assert len(worker.requests) == 3, len(worker.requests)
+            async with app.client(key["key"]) as client:
+                state = (await client.get(f"/v1/batches/{batch['id']}")).json()
+                assert state["status"] == "in_progress" and state["request_counts"]["completed"] == 3, state
+                assert (await client.post(f"/v1/batches/{batch['id']}/cancel")).status_code == 200
     asyncio.run(main())
 
 
@@ -222,8 +258,9 @@ def test_a_rotated_key_can_be_cut_short_but_never_revived(tmp_path: Path) -> Non
 
 
 def test_a_tenant_holds_at_most_its_cap_of_live_keys_and_the_list_pages(tmp_path: Path) -> None:
-    """With keys.max_per_tenant 5, the sixth live key is refused (409 too_many_keys) until one is revoked. The
-    list pages newest first: every page size walks every key exactly once, in order."""
+    """With keys.max_per_tenant 5, the sixth live key is refused (409 too_many_keys) until one is revoked. A key
+    whose predecessor is in its grace is not rotated again (a lineage holds at most two live keys). The list
+    pages newest first: every page size walks every key exactly once, in order."""
     async def main() -> None:
         async with answering() as worker, started(tmp_path, [worker.url], keys={"max_per_tenant": 5}) as app:
             made = [await app.new_key(name=f"k{i}") for i in range(5)]
@@ -231,8 +268,18 @@ def test_a_tenant_holds_at_most_its_cap_of_live_keys_and_the_list_pages(tmp_path
             assert refused.status_code == 409 and refused.json()["error"]["code"] == "too_many_keys", refused.text
             await app.admin.post(f"/admin/keys/{made[0]['id']}/revoke")
             made.append(await app.new_key(name="sixth"))
+            rotated = await app.admin.post(f"/admin/keys/{made[1]['id']}/rotate", json={"grace_s": 3600})
+            assert rotated.status_code == 201, rotated.text
+            again = await app.admin.post(f"/admin/keys/{rotated.json()['id']}/rotate", json={"grace_s": 3600})
+            assert again.status_code == 409 and again.json()["error"]["code"] == "rotation_in_grace", again.text
+            await app.admin.post(f"/admin/keys/{made[1]['id']}/revoke")
+            again = await app.admin.post(f"/admin/keys/{rotated.json()['id']}/rotate", json={"grace_s": 3600})
+            assert again.status_code == 201, "once the predecessor is revoked its successor rotates"
+            made += [rotated.json(), again.json()]
             whole = (await app.admin.get("/admin/keys", params={"limit": 1000})).json()
             assert [k["id"] for k in whole["data"]] == [k["id"] for k in reversed(made)]
+            status = collections.Counter(k["status"] for k in whole["data"])
+            assert (status["active"], status["rotated"]) == (5, 1), "one key in its grace beside the cap's five"
             assert whole["has_more"] is False
             for size in (1, 2, 4, 5, 6):
                 seen, after = [], None
