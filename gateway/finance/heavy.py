@@ -43,12 +43,16 @@ from typing import Any, TypeVar
 import orjson
 import psycopg
 
-from gateway.errors import GatewayError, Unavailable
+from gateway.errors import GatewayError, InvalidRequest, Unavailable
 
 log = logging.getLogger("tollgate.reports")
 T = TypeVar("T")
 RETRY_AFTER_S = 5
 SPOOL_MEMORY = 1 << 20  # a body up to this many bytes stays in memory and is answered whole
+# The most a build may write: a report past it (a year grouped by a tag per end user, say) is refused with a 400
+# naming what to narrow, and its spool is dropped, so no build fills the disk. A month's statement over 200,000
+# records and 20,000 users is under 10 MiB.
+MAX_BODY_BYTES = 256 << 20
 STORE_ERRORS: tuple[type[BaseException], ...] = (sqlite3.Error, psycopg.Error)
 THREAD = "tollgate-report"
 # The interpreter's switch interval while a build runs (5 ms otherwise): the event loop, woken by a socket while the
@@ -117,7 +121,13 @@ class Spool:
         self.size = 0
 
     def write(self, data: bytes | str) -> None:
+        """Append ``data``; raises ``InvalidRequest`` (``report_too_large``) past MAX_BODY_BYTES, the spool closed."""
         raw = data.encode() if isinstance(data, str) else data
+        if self.size + len(raw) > MAX_BODY_BYTES:
+            self.file.close()
+            raise InvalidRequest(f"This report would be over {MAX_BODY_BYTES >> 20} MiB: narrow its period, its "
+                                 "tenant or its grouping, or read the ledger's pages (GET /admin/ledger).",
+                                 "report_too_large")
         self.file.write(raw)
         self.size += len(raw)
 
