@@ -182,7 +182,7 @@ class _Analyser:
         if self._kiwi is None:
             with self._lock:
                 if self._kiwi is None:
-                    from kiwipiepy import Kiwi  # type: ignore[import-untyped]
+                    from kiwipiepy import Kiwi
 
                     kiwi = Kiwi(num_workers=-1, load_multi_dict=False, load_typo_dict=False)
                     for word in KO_LOANWORDS:  # product and language names the analyser would split (자바 -> 자 바)
