@@ -41,7 +41,8 @@ from gateway.http.guards import authorization, gateway_of
 from gateway.http.reports import time_range
 from gateway.http.responses import json_response
 from gateway.keys.model import key_id, unsafe_character
-from gateway.policy.loader import MAX_POLICY_BYTES, PolicyError
+from gateway.keys.service import KeyService
+from gateway.policy.loader import MAX_POLICY_BYTES, FileReload, PolicyError, load_yaml
 from gateway.policy.schema import Policy
 from gateway.spend.alerts import public
 
@@ -193,6 +194,51 @@ def redacted(policy: Policy) -> dict[str, Any]:
     return shown
 
 
+def with_live_values(text: str, live: Policy) -> str:
+    """A policy document as GET /admin/policy gave it, with what that redacted put back from ``live``: each value
+    still as it was shown (a ``<redacted>`` token hash, a key id among a tenant's keys, a URL with its secrets
+    replaced) is the live value again, so the document read, edited and put back changes only what was edited.
+    A value written anew is taken as written. ``text`` is returned unchanged when nothing was put back (its
+    comments kept); otherwise as YAML (blocking: on a thread). What does not parse is returned as it is, for the
+    loader to refuse with its line."""
+    try:
+        data = load_yaml(text)
+    except PolicyError:
+        return text
+    if not isinstance(data, dict):
+        return text
+    put_back = [0]
+    restored = _restore(data, redacted(live), live.model_dump(mode="json"), put_back)
+    if not put_back[0]:
+        return text
+    return yaml.safe_dump(restored, sort_keys=False, allow_unicode=True)
+
+
+def _restore(given: Any, shown: Any, raw: Any, put_back: list[int]) -> Any:
+    """``given`` with each value equal to its place's ``shown`` (where that differs from ``raw``) as ``raw``.
+    Mappings by key; lists by place for mappings in them, and by value for the items shown otherwise (a
+    tenant's key ids, reordered or some removed, are still its keys)."""
+    if isinstance(given, dict) and isinstance(shown, dict) and isinstance(raw, dict):
+        return {k: _restore(v, shown[k], raw[k], put_back) if k in shown and k in raw else v
+                for k, v in given.items()}
+    if isinstance(given, list) and isinstance(shown, list) and isinstance(raw, list) and len(shown) == len(raw):
+        by_value = {s: r for s, r in zip(shown, raw, strict=True) if isinstance(s, str) and s != r}
+        out = []
+        for i, item in enumerate(given):
+            if isinstance(item, str) and item in by_value:
+                put_back[0] += 1
+                out.append(by_value[item])
+            elif isinstance(item, dict) and i < len(shown):
+                out.append(_restore(item, shown[i], raw[i], put_back))
+            else:
+                out.append(item)
+        return out
+    if isinstance(given, str) and given == shown and shown != raw:
+        put_back[0] += 1
+        return raw
+    return given
+
+
 def _without_userinfo(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _without_userinfo(v) for k, v in value.items()}
@@ -259,6 +305,8 @@ async def put_policy(request: Request) -> Response:
     raw = await read_body(request.receive, request_headers(request.scope), MAX_POLICY_BYTES)
     text = raw.decode("utf-8", errors="replace")
     before = store.current
+    if REDACTED in text or "key-" in text:  # a document GET /admin/policy gave, maybe: its hidden values back
+        text = await asyncio.to_thread(with_live_values, text, before.policy)
     try:
         changes = await store.apply_text(text)
     except PolicyError as exc:
@@ -273,6 +321,25 @@ async def put_policy(request: Request) -> Response:
     await audited(request, actor, "policy.apply", "policy", {
         "digest": {"old": before.digest, "new": after.digest}, "changes": valued, "changes_total": total})
     return json_response({"status": "applied", "digest": after.digest, "diff": changes})
+
+
+async def audit_file_reload(keys: KeyService, reload: FileReload) -> None:
+    """Write a reload of the policy file to the audit log as PUT /admin/policy writes its own: applied, with each
+    changed path's old and new values (redacted), or refused, with the paths at fault. The actor is the file."""
+    try:
+        if reload.after is None:
+            errors = reload.error.errors if reload.error is not None else []
+            await keys.record("file", None, "policy.reject", "policy", {
+                "source": reload.source, "digest": reload.before.digest,
+                "errors": [p for p, _ in errors[:MAX_AUDITED_CHANGES]], "errors_total": len(errors)})
+            return
+        valued, total = await asyncio.to_thread(policy_changes, reload.before.policy, reload.after.policy)
+        if total:
+            await keys.record("file", None, "policy.apply", "policy", {
+                "source": reload.source, "digest": {"old": reload.before.digest, "new": reload.after.digest},
+                "changes": valued, "changes_total": total})
+    except Exception as exc:  # the reload is done: an entry the store cannot take goes to the log
+        log.error("audit entry of a policy file reload not stored (%s)", exc)
 
 
 async def audit_log(request: Request) -> Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -163,9 +164,14 @@ def create_app(store: PolicyStore, data_dir: Path | None = None, share: Share = 
     sessions = Sessions(data_dir, gw.state)
     auditor = CacheAuditor(gw)
 
+    # a reload of the policy file is audited once per host: by the first of this host's processes
+    watcher = functools.partial(admin.audit_file_reload, gw.keys) if share.index == 0 else None
+
     @contextlib.asynccontextmanager
     async def lifespan(app: object) -> AsyncIterator[None]:
         async with gw.lifespan():
+            if watcher is not None:
+                store.file_watchers.append(watcher)
             await sessions.start()
             await auditor.start()
             try:
@@ -180,6 +186,8 @@ def create_app(store: PolicyStore, data_dir: Path | None = None, share: Share = 
                     runner.store.close()
             finally:
                 await auditor.close()
+                if watcher is not None:
+                    store.file_watchers.remove(watcher)
 
     endpoints = {path: EndpointApp(gw, endpoint) for path, endpoint in BY_PATH.items()}
     app = Starlette(

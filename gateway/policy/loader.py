@@ -17,6 +17,7 @@ one reload is recorded as a rejection and the next change (or SIGHUP) is read as
 from __future__ import annotations
 
 import asyncio
+import difflib
 import gc
 import hashlib
 import json
@@ -27,16 +28,16 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeVar
+from types import MappingProxyType, UnionType
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, Union, get_args, get_origin
 
 import orjson
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from gateway.policy.schema import (
     AnomalyRule,
@@ -289,7 +290,7 @@ def parse_policy(text: str) -> Policy:
     try:
         policy = Policy.model_validate(data)
     except ValidationError as exc:
-        raise PolicyError([(_path(e["loc"]), e["msg"]) for e in exc.errors()]) from None
+        raise PolicyError(_explained(text, exc)) from None
     except RecursionError:
         raise PolicyError([("<root>", "the policy is nested too deeply")]) from None
     errors = cross_reference_errors(policy)
@@ -299,9 +300,95 @@ def parse_policy(text: str) -> Policy:
 
 
 def _path(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in _document_loc(loc)) or "<root>"
+
+
+def _document_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     # pydantic adds the Literal/union branch to some locations; keep only the document path
-    parts = [str(p) for p in loc if not (isinstance(p, str) and p.startswith(("literal[", "function-")))]
-    return ".".join(parts) or "<root>"
+    return tuple(p for p in loc if not (isinstance(p, str) and p.startswith(("literal[", "function-"))))
+
+
+def _explained(text: str, exc: ValidationError) -> list[tuple[str, str]]:
+    """Each validation error as (its dotted path, its message with the line it is on, and for a name the schema
+    does not know the nearest one it does)."""
+    root = _node_of(text)
+    explained = []
+    for error in exc.errors():
+        loc = _document_loc(error["loc"])
+        message = error["msg"]
+        if error["type"] == "extra_forbidden" and loc:
+            near = difflib.get_close_matches(str(loc[-1]), _fields_at(loc[:-1]), n=1, cutoff=0.6)
+            if near:
+                message += f" (did you mean '{near[0]}'?)"
+        line = _line_of(root, loc) if root is not None else None
+        if line is not None:
+            message += f" (line {line})"
+        explained.append((_path(loc), message))
+    return explained
+
+
+def _node_of(text: str) -> yaml.Node | None:
+    """The document's node tree (its marks say where each value is), or None when it cannot be had."""
+    loader = _FastLoader(text)
+    try:
+        node: yaml.Node | None = loader.get_single_node()
+        return node
+    except yaml.YAMLError:
+        return None
+    finally:
+        loader.dispose()
+
+
+def _line_of(node: yaml.Node, loc: tuple[Any, ...]) -> int | None:
+    """The line (from 1) of the deepest value of ``loc`` the document holds; None if it holds none of it."""
+    found = None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            child = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == str(part)), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+            child = node.value[part]
+        else:
+            child = None
+        if child is None:
+            break
+        node, found = child, child.start_mark.line + 1
+    return found
+
+
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """The names the schema knows at ``loc`` (a mapping of the document): its model's fields, or none."""
+    kind: Any = Policy
+    for part in loc:
+        kind = _inner(kind, part)
+        if kind is None:
+            return []
+    model = _model_of(kind)
+    return list(model.model_fields) if model is not None else []
+
+
+def _inner(kind: Any, part: Any) -> Any:
+    """The type of ``part`` inside a value of type ``kind`` (a model's field, a mapping's value, a list's item)."""
+    origin, args = get_origin(kind), get_args(kind)
+    if origin is Annotated:
+        return _inner(args[0], part)
+    if origin in (Union, UnionType):
+        for arg in args:
+            if arg is not type(None) and (inner := _inner(arg, part)) is not None:
+                return inner
+        return None
+    model = _model_of(kind)
+    if model is not None:
+        field_info = model.model_fields.get(str(part))
+        return field_info.annotation if field_info is not None else None
+    if origin in (dict, Mapping) and len(args) == 2:
+        return args[1]
+    if origin in (list, tuple) and args:
+        return args[0]
+    return None
+
+
+def _model_of(kind: Any) -> type[BaseModel] | None:
+    return kind if isinstance(kind, type) and issubclass(kind, BaseModel) else None
 
 
 def load_file(path: Path) -> PolicySnapshot:
@@ -383,6 +470,19 @@ def _diff(a: object, b: object, prefix: str, out: dict[str, list[str]]) -> None:
 Listener = Callable[[PolicySnapshot], None]
 
 
+@dataclass(frozen=True, slots=True)
+class FileReload:
+    """A reload of the policy file as the watcher saw it: applied (``after``) or refused (``error``)."""
+
+    source: str
+    before: PolicySnapshot
+    after: PolicySnapshot | None = None
+    error: PolicyError | None = None
+
+
+FileWatcher = Callable[[FileReload], Awaitable[None]]
+
+
 @dataclass
 class PolicyStore:
     """Holds the live snapshot; reloads from the file (watch, SIGHUP) or from text (admin API)."""
@@ -397,6 +497,7 @@ class PolicyStore:
     file_checked_at: float | None = None
     listeners: list[Listener] = field(default_factory=list)
     rejection_listeners: list[Callable[[PolicyError], None]] = field(default_factory=list)
+    file_watchers: list[FileWatcher] = field(default_factory=list)  # told of each reload of the file, after it
     _stamp: tuple[int, int, int] | None = None
 
     @classmethod
@@ -441,13 +542,24 @@ class PolicyStore:
         """Re-read the file off the event loop; raise PolicyError (and keep the old one) if it is bad."""
         assert self.path is not None
         self._stamp = _stamp(self.path)
+        before, source = self.current, str(self.path)
         try:
-            snapshot = await parse_elsewhere(await asyncio.to_thread(read_file, self.path), str(self.path))
+            snapshot = await parse_elsewhere(await asyncio.to_thread(read_file, self.path), source)
             self._refuse_restart_only(snapshot.policy)
         except PolicyError as exc:
-            self.reject(exc, str(self.path))
+            self.reject(exc, source)
+            await self._tell(FileReload(source, before, error=exc))
             raise
-        return await self.apply(snapshot)
+        changes = await self.apply(snapshot)
+        await self._tell(FileReload(source, before, after=snapshot))
+        return changes
+
+    async def _tell(self, reload: FileReload) -> None:
+        for watcher in self.file_watchers:
+            try:
+                await watcher(reload)
+            except Exception:  # a watcher's failure is its own: the reload stands
+                log.exception("a policy file watcher failed")
 
     async def apply_text(self, text: str, source: str = "admin API") -> dict[str, list[str]]:
         """Validate text and make it live, then write it to the policy file so a restart keeps it.

@@ -21,7 +21,7 @@ import yaml
 from gateway.auth import hash_key
 from gateway.http import admin, keys_api
 from gateway.http.app import HotPaths, create_app
-from gateway.policy.loader import PolicySnapshot, PolicyStore, parse_policy
+from gateway.policy.loader import PolicyError, PolicySnapshot, PolicyStore, parse_policy
 from gateway.policy.schema import Policy
 from tests.conftest import ADMIN_TOKEN, DEMO_KEY, FINANCE_TOKEN, policy_dict
 
@@ -347,3 +347,92 @@ def test_runtime_keys_over_the_api_and_every_operation_in_the_audit(tmp_path: Pa
                 assert wrong.status_code == 400 and wrong.json()["error"]["param"] == param, query
         assert (tmp_path / "admin.sqlite3").exists(), "kept in the data directory"
     asyncio.run(main())
+
+
+def test_the_policy_read_as_yaml_and_put_back_unchanged_changes_nothing() -> None:
+    """GET /admin/policy?format=yaml, PUT back as it came: accepted, the same digest, an empty diff and no secret
+    lost. Edited in one place (a cap) and with one key left out, only those change; the secrets still hold."""
+    async def main() -> None:
+        async with admin_client(secret_policy()) as (client, app):
+            live = app.gateway.store.current
+            shown = (await client.get("/admin/policy?format=yaml", headers=ADMIN)).text
+            back = await client.put("/admin/policy", content=shown, headers=ADMIN)
+            assert back.status_code == 200, back.text
+            assert back.json()["digest"] == live.digest and back.json()["diff"] == {
+                "added": [], "removed": [], "changed": []}
+            assert app.gateway.store.current.policy == live.policy
+
+            edited = yaml.safe_load(shown)
+            edited["tiers"]["standard"]["max_tokens_cap"] = 2048
+            edited["tenants"]["demo"]["keys"] = []
+            reply = await client.put("/admin/policy", content=yaml.safe_dump(edited), headers=ADMIN)
+            assert reply.status_code == 200, reply.text
+            assert sorted(reply.json()["diff"]["changed"]) == ["tenants.demo.keys", "tiers.standard.max_tokens_cap"]
+            now = app.gateway.store.current.policy
+            assert now.server.admin_token_sha256 == live.policy.server.admin_token_sha256
+            assert now.spend.webhook_url == live.policy.spend.webhook_url and now.pools == live.policy.pools
+            assert now.tenants["bulk"].keys == live.policy.tenants["bulk"].keys and now.tenants["demo"].keys == []
+    asyncio.run(main())
+
+
+def test_every_redacted_value_comes_back_and_a_value_written_anew_is_taken_as_written() -> None:
+    policy = secret_policy()
+    policy["state"] = {"postgres_dsn": f"postgresql://tollgate:{SECRETS['dsn_password']}@db:5432/tollgate",
+                       "redis_url": f"redis://:{SECRETS['redis_password']}@cache:6379/0"}
+    policy["tenants"]["demo"]["keys"].append("sha256:" + hash_key("tg-second-demo-key"))
+    live = Policy.model_validate(policy)
+    shown = admin.redacted(live)
+    text = yaml.safe_dump(shown)
+    assert parse_policy(admin.with_live_values(text, live)) == live
+    keys = shown["tenants"]["demo"]["keys"]
+    shown["tenants"]["demo"]["keys"] = [keys[1], keys[0]]  # reordered: still the tenant's keys
+    shown["tracing"]["endpoint"] = "http://collector-2:4318"  # written anew
+    restored = parse_policy(admin.with_live_values(yaml.safe_dump(shown), live))
+    assert restored.tenants["demo"].keys == [live.tenants["demo"].keys[1], live.tenants["demo"].keys[0]]
+    assert restored.tracing.endpoint == "http://collector-2:4318"
+    assert restored.state == live.state and restored.server == live.server
+    plain = "# a comment the file keeps\n" + yaml.safe_dump(policy_dict(["http://127.0.0.1:9"]))
+    assert admin.with_live_values(plain, live) == plain, "nothing to put back: the text as it came"
+    assert admin.with_live_values("tiers: [", live) == "tiers: [", "what does not parse is the loader's to refuse"
+
+
+def test_a_mistake_in_the_policy_is_named_with_its_line_and_the_name_meant() -> None:
+    async def main() -> None:
+        async with admin_client() as (client, _):
+            text = yaml.safe_dump(policy_dict(["http://127.0.0.1:9"]), sort_keys=False)
+            bad = text.replace("max_tokens_cap:", "max_token_cap:", 1)
+            line = 1 + bad.splitlines().index(next(li for li in bad.splitlines() if "max_token_cap:" in li))
+            reply = await client.put("/admin/policy", content=bad, headers=ADMIN)
+            assert reply.status_code == 400
+            (detail,) = [d for d in reply.json()["error"]["details"] if d["path"].endswith("max_token_cap")]
+            assert "did you mean 'max_tokens_cap'?" in detail["message"], detail
+            assert f"(line {line})" in detail["message"], (line, detail)
+    asyncio.run(main())
+
+
+def test_an_edit_of_the_policy_file_is_in_the_audit_log(tmp_path: Path) -> None:
+    """The file edited under a running gateway: its reload is an audit entry by "file", path by path, as a PUT's;
+    a broken edit is a policy.reject entry naming the path at fault."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy_dict(["http://127.0.0.1:9"])))
+    store = PolicyStore.from_file(path)
+    app = create_app(store, tmp_path)
+
+    async def main() -> list[dict[str, Any]]:
+        async with app.app.router.lifespan_context(app.app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:  # type: ignore[arg-type]
+            edited = policy_dict(["http://127.0.0.1:9"])
+            edited["tiers"]["standard"]["max_tokens_cap"] = 2048
+            path.write_text(yaml.safe_dump(edited))
+            await store.reload_file()
+            edited["tenants"]["demo"]["tier"] = "platinum"
+            path.write_text(yaml.safe_dump(edited))
+            with pytest.raises(PolicyError):
+                await store.reload_file()
+            return list((await client.get("/admin/audit", headers=ADMIN)).json()["data"])
+    log = asyncio.run(main())
+    by_action = {e["action"]: e for e in log if e["actor"] == "file"}
+    applied, refused = by_action["policy.apply"], by_action["policy.reject"]
+    assert applied["details"]["source"] == str(path)
+    assert [c["path"] for c in applied["details"]["changes"]] == ["tiers.standard.max_tokens_cap"]
+    assert refused["details"]["errors"] == ["tenants.demo.tier"]
