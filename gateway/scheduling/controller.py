@@ -18,8 +18,8 @@ Guarantees:
   at once with 429 and a Retry-After; premium only at its deadline. A premium request still queued at half its
   deadline goes past this process's part of the workers' limits, unless its flow is over its share of the fleet.
 - Refusals fall on the flood: a request that the forecast, its deadline or a full queue would refuse is kept
-  while a flow of its class served more (higher counter, then more slots held) has waiters, and the newest of
-  those is refused in its place.
+  while a flow of its class after it in the served-token order (higher counter, then more requests held and
+  queued) has waiters, and the newest of those is refused in its place.
 - Queues are bounded in count and bytes; when full, the newest batch waiter is shed first, then standard.
 - A client that leaves while queued leaves the queue at once; nothing is sent upstream.
 - Each grant charges its flow the request's token estimate; ``release`` corrects it to the work the engine did
@@ -204,7 +204,7 @@ class Controller:
         # still being learned (the drain rate then says too little about the next seconds).
         learning = any(still_learning(w, now, scheduling) for w in state.workers)
         predicted = self._predicted_wait(state, klass, now, flow) if klass != "premium" and not learning else None
-        if predicted is not None and predicted > deadline_s and not self._spare(state, scheduling, flow):
+        if predicted is not None and predicted > deadline_s and not self._spare(state, scheduling, flow, False):
             raise self._shed(klass, "predicted_wait", predicted, "would wait past its class's deadline")
         self._make_room(state, scheduling, flow, size)
         waiter = Waiter(ctx, flow, cost, size, now)
@@ -217,7 +217,7 @@ class Controller:
             if klass == "premium" and await self._spilled(state, scheduling, waiter, deadline_s * SPILL_SHARE):
                 return
             while not await self._granted_by(waiter, deadline_at):
-                if not (self._requeued(state, waiter) and self._spare(state, scheduling, flow)):
+                if not (self._requeued(state, waiter) and self._spare(state, scheduling, flow, True)):
                     self._forget(state, waiter)
                     raise self._shed(klass, "deadline", self._predicted_wait(state, klass, self.clock()) or
                                      deadline_s, "waited its class's longest queue wait")
@@ -253,12 +253,13 @@ class Controller:
         waiter.future = asyncio.get_running_loop().create_future()
         return True
 
-    def _spare(self, state: PoolState, scheduling: SchedulingPolicy, flow: Flow) -> bool:
-        """Refusals fall on the flood: a request of ``flow`` about to be refused is spared when a flow served more
-        (flows.ClassQueue.victim) has waiters, and the newest of them is refused instead (served tokens only)."""
+    def _spare(self, state: PoolState, scheduling: SchedulingPolicy, flow: Flow, queued: bool) -> bool:
+        """Refusals fall on the flood: a request of ``flow`` about to be refused (``queued``: already among its
+        waiters) is spared when a flow after it in the served-token order (flows.ClassQueue.victim) has waiters,
+        and the newest of them is refused instead (served tokens only)."""
         if not isinstance(fairness_of(scheduling), ServedTokens):
             return False
-        victim = state.queues[flow.klass].victim(flow)
+        victim = state.queues[flow.klass].victim(flow, queued)
         if victim is None:
             return False
         self._displace(state, victim, "a tenant served more makes way for one served less")
@@ -406,7 +407,7 @@ class Controller:
             victim_class = next((k for k in reversed(TIERS) if TIERS.index(k) > TIERS.index(klass)
                                  and state.queues[k].count), None)
             if victim_class is None or state.queues[klass].count >= scheduling.max_queued:
-                if self._spare(state, scheduling, flow):
+                if self._spare(state, scheduling, flow, False):
                     continue
                 raise self._shed(klass, "queue_full", self._predicted_wait(state, klass, self.clock()) or 1.0,
                                  "found its queue full")

@@ -12,7 +12,8 @@ Guarantees (the properties in tests/inprocess/scheduling/test_fairness.py):
   becomes active again (nothing held or queued) starts at the least counter of the flows queueing, less what
   they have in flight: neither idling nor flooding buys anything. At equal counters the flow with fewer requests
   outstanding (held and queued) goes first, so a returning flow takes the next slot its class frees beside flows
-  with more.
+  with more; at equal outstanding too, the flow granted longest ago (round robin), so a flow just served does not
+  go again ahead of one that waited, whatever the order their requests came in.
 - ``fcfs``: the oldest waiter of the class goes next (the comparison, and the positive control of the tests).
 
 Imports nothing of the gateway but the request context and the policy's schema.
@@ -44,6 +45,7 @@ class Flow:
     pending: float = 0.0  # of which the estimates of the requests in flight
     seen: float = 0.0  # when it last asked
     peak: int = 1  # the most requests it had at once (held and queued) since it was created
+    turn: int = 0  # the pool's grant count at its last grant (queues.PoolState.take)
 
     def active(self, now: float) -> bool:
         return bool(self.held or self.waiters) or now - self.seen < ACTIVE_S
@@ -73,7 +75,7 @@ class ServedTokens(Fairness):
     name = "served_tokens"
 
     def key(self, flow: Flow) -> tuple[float, float, float]:
-        return flow.counter, flow.held + len(flow.waiters), flow.waiters[0].enqueued_at
+        return flow.counter, flow.held + len(flow.waiters), flow.turn
 
 
 class Fcfs(Fairness):
@@ -89,6 +91,11 @@ FAIRNESS: dict[str, Fairness] = {policy.name: policy for policy in (ServedTokens
 def fairness_of(scheduling: SchedulingPolicy) -> Fairness:
     """The fairness policy the scheduling policy names."""
     return FAIRNESS[scheduling.fairness]
+
+
+def _order(flow: Flow) -> tuple[float, int]:
+    """Where ``flow`` stands in the served-token order (its counter, then its requests held and queued)."""
+    return flow.counter, flow.held + len(flow.waiters)
 
 
 class ClassQueue:
@@ -156,11 +163,15 @@ class ClassQueue:
         need = sum(max(0, min(f.peak, math.ceil(fair)) - f.held) for f in active if f not in over)
         return over, min(max(1, need), cap)
 
-    def victim(self, spared: Flow) -> Waiter | None:
-        """Who is refused in place of a request of ``spared``: the newest waiter of the flow served most (by
-        counter, then slots held), if it comes after ``spared`` in that order."""
-        later = [f for f in self.flows.values() if f.waiters and (f.counter, f.held) > (spared.counter, spared.held)]
-        return max(later, key=lambda f: (f.counter, f.held)).waiters[-1] if later else None
+    def victim(self, spared: Flow, queued: bool) -> Waiter | None:
+        """Who is refused in place of a request of ``spared`` (``queued``: that request is among its waiters, else
+        it is about to join them): the newest waiter of the flow served most, by counter and then by requests
+        outstanding (held and queued) as the served-token order breaks its ties, if that flow comes after
+        ``spared`` in that order. A flow back from idle is lifted to the busy flows' least counter, so at a tie it
+        is the one with fewer outstanding and is spared; two flows alike in both are not each other's victims."""
+        mine = (spared.counter, spared.held + len(spared.waiters) + (0 if queued else 1))
+        later = [f for f in self.flows.values() if f.waiters and f is not spared and _order(f) > mine]
+        return max(later, key=_order).waiters[-1] if later else None
 
     def ahead_of(self, flow: Flow) -> int:
         """How many waiters go before a new one of ``flow``: its own, and of each other flow as many as one more

@@ -38,6 +38,7 @@ class PoolState:
     starting: dict[int, float] = field(default_factory=dict)  # granted streams before their first token: when
     queued_bytes: int = 0
     completions: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=256))
+    turns: int = 0  # grants made in this pool so far (a flow's turn is the count at its last grant)
     elsewhere: dict[str, dict[str, int]] = field(default_factory=dict)  # class -> tenant -> what the other gateway
     # processes report it holds in this pool (their heartbeats: Controller.fleet_changed)
 
@@ -45,8 +46,10 @@ class PoolState:
         """A slot granted to the request ``key`` of ``flow``, charged ``cost`` tokens until its release; ``stream``:
         it is starting (before its first token) from ``now``."""
         self.granted += 1
+        self.turns += 1
         self.held_in[flow.klass] += 1
         flow.held += 1
+        flow.turn = self.turns
         charged = cost / flow.weight
         flow.counter += charged
         flow.pending += charged

@@ -59,7 +59,7 @@ class Req:
 class Trace:
     spread: list[tuple[float, float]] = field(default_factory=list)  # (counter spread, its bound) per check
     quiet_waited: list[str] = field(default_factory=list)  # a quiet request that missed the first release
-    quiet_shed: list[str] = field(default_factory=list)  # a quiet request refused while a flood had waiters
+    quiet_shed: list[str] = field(default_factory=list)  # a quiet request refused while a flow served more waited
     idle: list[str] = field(default_factory=list)
     behind: list[str] = field(default_factory=list)  # a lower class granted while premium waited
     served: dict[str, int] = field(default_factory=dict)
@@ -134,9 +134,13 @@ async def _simulate(reqs: list[Req], limits: list[int], quiet: str | None, deadl
             ctx = RequestContext(f"r{seq}", snap, CHAT)
             ctx.tenant = snap.tenants[req.tenant]
             ctx.service_class = ctx.tenant.tier
-            others = [f for f in state.queues[TENANTS[req.tenant]].flows.values() if f.waiters]
-            if req.tenant == quiet and all(f.held + len(f.waiters) > 1 for f in others):
-                quiet_waiting[ctx.request_id] = 0  # beside flows with more outstanding than its one: checked
+            queue = state.queues[TENANTS[req.tenant]]
+            others = [f for f in queue.flows.values() if f.waiters]
+            own = queue.flows.get(req.tenant)
+            if req.tenant == quiet and all(f.held + len(f.waiters) > 1 for f in others) and \
+                    (own is None or all(own.counter <= f.counter for f in others)):
+                # beside flows with more outstanding than its one, and served no more than they were: checked
+                quiet_waiting[ctx.request_id] = 0
             task = asyncio.ensure_future(controller.admit(ctx, "p", req.prompt + req.max_out, 100))
             waiting[task] = (ctx, req)
         else:
@@ -151,7 +155,7 @@ async def _simulate(reqs: list[Req], limits: list[int], quiet: str | None, deadl
             ctx, req = waiting.pop(task)
             if isinstance(task.exception(), Shed):
                 trace.shed[req.tenant] = trace.shed.get(req.tenant, 0) + 1
-                if req.tenant == quiet and _flood_queued(state, controller, clock.now, policy, quiet):
+                if req.tenant == quiet and _flood_queued(state, quiet):
                     trace.quiet_shed.append(f"{req.tenant} shed at {clock.now:.3f} beside a queued flood")
                 quiet_waiting.pop(ctx.request_id, None)
                 continue
@@ -190,11 +194,17 @@ def _room(state: PoolState, controller: Controller, policy: Any, klass: str, now
     return total, total - reserve
 
 
-def _flood_queued(state: PoolState, controller: Controller, now: float, policy: Any, quiet: str) -> bool:
-    """Has a flow over its share (other than ``quiet``) requests queued in ``quiet``'s class?"""
-    klass = TENANTS[quiet]
-    _, room = _room(state, controller, policy, klass, now)
-    return any(f.waiters and f.tenant != quiet for f in state.queues[klass].over_share(room, now))
+def _flood_queued(state: PoolState, quiet: str) -> bool:
+    """Has a flow served more than ``quiet`` requests queued in ``quiet``'s class? Served more: a higher counter,
+    or at an equal one more requests outstanding than ``quiet`` with the one just refused (the served-token order
+    breaks its ties so). A flow that was served more is the flood a refusal must fall on instead."""
+    queue = state.queues[TENANTS[quiet]]
+    mine = queue.flows.get(quiet)
+    if mine is None:
+        return any(f.waiters for f in queue.flows.values())
+    order = (mine.counter, mine.held + len(mine.waiters) + 1)
+    return any(f.waiters and f is not mine and (f.counter, f.held + len(f.waiters)) > order
+               for f in queue.flows.values())
 
 
 def _check(state: PoolState, controller: Controller, policy: Any, now: float, bound: float, trace: Trace) -> None:
@@ -271,7 +281,9 @@ def test_the_fairness_check_catches_a_flow_served_ahead(monkeypatch: pytest.Monk
 @st.composite
 def quiet_beside_floods(draw: st.DrawFn) -> list[Req]:
     """Floods of standard tenants, and a quiet one (s5) sending a request now and then, each long after the last
-    (it holds and queues nothing when the next one comes)."""
+    (it holds and queues nothing when the next one comes). Quiet in time is not light in tokens: one large answer
+    can leave its counter above the floods', and then the served-token order rightly puts it after them; the
+    check below holds the quiet flow to its guarantee only when it was served no more than the busy flows."""
     reqs = draw(floods([f"s{i}" for i in range(draw(st.integers(1, 4)))]))
     at = 0.0
     for _ in range(draw(st.integers(1, 5))):
@@ -307,6 +319,23 @@ def test_the_quiet_check_catches_first_come_first_served(monkeypatch: pytest.Mon
     monkeypatch.setitem(flows.FAIRNESS, "served_tokens", flows.Fcfs())
     assert simulate(_quiet_reqs(), [4], quiet="s5", **plain).quiet_waited != []
     assert simulate(_quiet_reqs(), [4], quiet="s5", deadline_ms=200.0, **plain).quiet_shed != []
+
+
+def test_at_a_tie_in_counter_and_outstanding_the_flow_granted_longest_ago_goes_first() -> None:
+    """Round robin at a tie: a flood just granted (its waiter queued first) and a quiet flow that waited, both at
+    the same counter with one request each: the quiet one goes next (found by the quiet property above)."""
+    async def main() -> str:
+        queue, snap = flows.ClassQueue(), snapshot(1e9)
+        flood, quiet = queue.arrive("standard", "s0", 1.0, 0.0), queue.arrive("standard", "s5", 1.0, 0.0)
+        flood.counter = quiet.counter = 1696.0
+        flood.turn, quiet.turn = 9, 2  # the flood was granted last
+        for flow, at in ((flood, 1.0), (quiet, 2.0)):
+            ctx = RequestContext(flow.tenant, snap, CHAT)
+            queue.push(flows.Waiter(ctx, flow, 32, 0, at))
+        waiter = queue.pop(ServedTokens())
+        assert waiter is not None
+        return waiter.flow.tenant
+    assert asyncio.run(main()) == "s5"
 
 
 # -- no idle slot, and premium first ------------------------------------------------------------------------
