@@ -59,6 +59,14 @@ def _serve(policy: Path, host: str, port: int, data_dir: Path, banner: str | Non
     limits = Limits.from_policy(server_policy)
     data_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(store, data_dir, share)
+    cache = store.current.policy.cache
+    if cache.enabled and cache.verifier:
+        from gateway.cache import roles
+
+        # the Korean analyser, loaded before the event loop serves: building it holds the interpreter's lock for
+        # about two seconds, which on a thread would stall the loop (a cache enabled later by a reload loads it on
+        # its first Korean question, once)
+        roles.warm()
     config = uvicorn.Config(app, host=host, port=port, loop="uvloop", http=protocol_for(limits),
                             lifespan="on", access_log=False, log_level="warning",
                             timeout_keep_alive=int(max(1, server_policy.idle_timeout_s)),

@@ -206,13 +206,10 @@ _ANALYSER = _Analyser()
 
 
 def warm() -> None:
-    """Load the Korean analyser now (blocking: call it on a worker thread, never on the event loop)."""
+    """Load the Korean analyser now. Blocking, and it holds the interpreter's lock for about two seconds (kiwipiepy
+    builds its model and first analysis in C++ without releasing it), so a thread does not hide it from an event
+    loop: call it before the loop serves (gateway.cli does)."""
     _ANALYSER.get()
-
-
-def load_in_background() -> None:
-    """Start loading the Korean analyser on a thread of its own, if it is not loaded or loading: returns at once."""
-    _ANALYSER.load_in_background()
 
 
 def _on_loop() -> bool:

@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 import numpy as np
 
 from gateway.cache import embedder as embedders
-from gateway.cache import roles
 from gateway.cache.audit import Audits, Sample, Verdict
 from gateway.cache.bounds import Footprint
 from gateway.cache.embedder import Embedder
@@ -94,8 +93,6 @@ class SemanticCache:
         if self.embedder is None:
             self.embedder = await asyncio.to_thread(embedders.build, self.spec.embedder, self.spec.batch_max,
                                                     self.spec.batch_wait_ms / 1000)
-        if self.spec.verifier:
-            roles.load_in_background()  # the Korean analyser, loaded before the first lookup needs it
         self.index = VectorIndex(self.embedder.dim, self.spec.hnsw_above)
         self._count_held()
         self._indexer = asyncio.get_running_loop().create_task(self._index_when_quiet())
