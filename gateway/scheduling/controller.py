@@ -9,10 +9,12 @@ Guarantees:
   counter by default, ``fcfs`` for comparison. While two or more flows of a class are active, the flows holding
   their equal share of the class's slots or more leave free what the others need to start their bursts at once
   (``tenant_headroom``, the cap). No slot stays free while a request that may take it waits, beyond these reserves.
-- Paced by prefill: no request is granted while as many streams before their first token as the pool's steady
-  flow needs are starting (its completions a second times the workers' least TTFT, plus one per worker; a
-  stream without its first token after PREFILL_STUCK_S no longer counts). The backlog then waits here, in the
-  fairness policy's order, not in the engines' prefill queues, where every flow waits alike.
+- Paced by prefill, while two or more tenants hold or queue requests in the pool: no request is granted while
+  as many streams before their first token as the pool's steady flow needs are starting (its completions a
+  second times the workers' least TTFT, plus one per worker; a stream without its first token after
+  PREFILL_STUCK_S no longer counts). The backlog then waits here, in the fairness policy's order, not in the
+  engines' prefill queues, where every flow waits alike. One tenant alone is not paced: there is nobody to
+  order it against.
 - Deadlines: each class has a longest queue wait (80% of its TTFT SLO by default). A standard or batch request
   whose forecast wait (the waiters fairness grants first, at the measured drain rate) would pass it is refused
   at once with 429 and a Retry-After; premium only at its deadline. A premium request still queued at half its
@@ -55,6 +57,16 @@ _DEADLINE_MARGIN_S = 0.01
 DEADLINE_SHARE = 0.8  # a class's longest queue wait, as a share of its TTFT p95 objective
 SPILL_SHARE = 0.5  # premium still queued after this share of its longest wait goes past this process's part
 PREFILL_STUCK_S = 2.0  # a stream granted this long ago and still without its first token is stuck, not prefilling
+
+
+def _contended(state: PoolState, flow: Flow | None) -> bool:
+    """Is another tenant's request held or queued in the pool beside ``flow``'s (the head of a queue's, when
+    None)? Pacing orders the backlog between tenants: with one tenant there is nobody to order it against, and
+    holding its prefills back would only add to its own time to a first token."""
+    tenants = {f.tenant for queue in state.queues.values() for f in queue.flows.values() if f.held or f.waiters}
+    if flow is not None:
+        tenants.add(flow.tenant)
+    return len(tenants) > 1
 
 
 class Controller:
@@ -329,7 +341,7 @@ class Controller:
         free = total - state.granted
         if flow is not None and flow in self._held_back(state, scheduling, klass, total, now):
             return False
-        if state.starting and self._paced(state, now):
+        if state.starting and self._paced(state, now) and _contended(state, flow):
             return False
         if klass == "premium":
             return free > 0 or (self._premium_past_limit(state, scheduling, now)

@@ -370,6 +370,22 @@ def test_streams_wait_while_the_pool_has_its_flow_of_prefills_and_a_stuck_one_st
     asyncio.run(main())
 
 
+def test_one_tenant_alone_is_not_paced() -> None:
+    """Pacing orders the backlog between tenants: a tenant alone in the pool starts its second stream beside the
+    first one's prefill (the engine batches prefills), where a second tenant's would wait (the test above)."""
+    async def main() -> None:
+        h = Harness()
+        h.worker.learned.ttft_floor = 0.05
+        first, second = h.ctx("s1"), h.ctx("s1")
+        first.stream = second.stream = True
+        await h.admit(first)
+        waiting = asyncio.ensure_future(h.admit(second))
+        await settle()
+        assert waiting.done(), "nobody to order it against: not held for the first one's first token"
+        waiting.result()
+    asyncio.run(main())
+
+
 def test_standard_leaves_the_premium_reserve() -> None:
     async def main() -> None:
         h = Harness(premium_reserve=0.5)  # of 2 slots, 1 is premium's
