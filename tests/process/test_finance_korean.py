@@ -6,20 +6,25 @@ on the page, the printable statement and the workbook (opened with openpyxl), wh
 from __future__ import annotations
 
 import io
+import os
 import re
+import subprocess
 from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openpyxl
+from playwright.sync_api import sync_playwright
 
 from gateway.finance import money, words
 from gateway.finance.reports import parse_month
 from tests.conftest import DEMO_KEY, FINANCE_TOKEN, PREMIUM_KEY, Proc, policy_dict, wait_for
 
 MODEL = "sim-llama-8b"
+CHROMIUM = "/usr/bin/chromium"
 RATE = 1385.5  # KRW per USD
 FINANCE = {"Authorization": f"Bearer {FINANCE_TOKEN}"}
 TAG = "team=검색"  # a cost centre named in Korean (OpenAI's metadata)
@@ -44,7 +49,7 @@ def by_testid(html: str, test_id: str) -> str:
 
 
 def test_the_page_and_a_statement_in_korean_and_in_won(start_gateway: Callable[..., Proc],
-                                                        start_sim: Callable[..., Proc]) -> None:
+                                                        start_sim: Callable[..., Proc], tmp_path: Path) -> None:
     sim = start_sim("--decode-base-ms", "2")
     policy: dict[str, Any] = policy_dict([sim.url], gpu_usd_per_hour=3.0)
     policy["finance"] = {"currency": "KRW", "usd_rates": [{"effective": "2020-01-01", "per_usd": RATE}]}
@@ -118,6 +123,26 @@ def test_the_page_and_a_statement_in_korean_and_in_won(start_gateway: Callable[.
     assert krw_shown(last[5].value) == summary_total[5], "a spreadsheet shows the page's figure"
     items = {r[0]: r[1] for r in book["명세서"].iter_rows(min_row=2, values_only=True)}
     assert items["기간 (UTC)"] == period and "1,385.5 KRW" in items["통화"]
+
+    # in a browser: the page and the statement as a Korean reader sees them (the README's screenshots, when
+    # TOLLGATE_SCREENSHOT_DIR says where), Hangul drawn in a Korean face, not in boxes
+    shots = Path(os.environ.get("TOLLGATE_SCREENSHOT_DIR", tmp_path))
+    faces = subprocess.run(["fc-list", ":lang=ko", "family"], capture_output=True, text=True, check=True).stdout
+    assert faces.strip(), "no Korean face for the browser (scripts/ensure-debian-tools installs fonts-nanum)"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        view = browser.new_page(viewport={"width": 1100, "height": 900}, locale="ko-KR")
+        view.goto(f"{gateway.url}/reports?lang=ko&month={month}")
+        view.fill("input[name=token]", FINANCE_TOKEN)
+        view.click("button[type=submit]")
+        view.wait_for_selector("[data-testid=total-cost]")
+        assert view.inner_text("[data-testid=total-cost]") == krw(total["cost_usd"])
+        view.screenshot(path=str(shots / "finance-page-ko.png"), full_page=True)
+        view.goto(f"{gateway.url}/admin/statements?month={month}&format=html&lang=ko")
+        assert view.inner_text("[data-testid=summary-total] td >> nth=0") == "합계"
+        view.screenshot(path=str(shots / "statement-ko.png"))
+        browser.close()
+    assert all((shots / name).stat().st_size > 10_000 for name in ("finance-page-ko.png", "statement-ko.png"))
 
     # the catalogue: the Korean page says none of the English texts it translates
     for html in (page, demo, printed):
