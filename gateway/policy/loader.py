@@ -31,6 +31,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType, UnionType
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar, Union, get_args, get_origin
@@ -507,11 +508,13 @@ class PolicyStore:
         return store
 
     def status(self) -> dict[str, Any]:
+        """What GET /admin/policy/status shows: the live policy's digest and source, the reloads so far, the last
+        error, and the watcher's passes; moments as ISO 8601 UTC times, for a person to read."""
         snap = self.current
-        return {"digest": snap.digest, "source": snap.source, "loaded_at": snap.loaded_at,
+        return {"digest": snap.digest, "source": snap.source, "loaded_at": _iso(snap.loaded_at),
                 "reloads_ok": self.reloads_ok, "reloads_failed": self.reloads_failed,
-                "last_error": self.last_error, "last_error_at": self.last_error_at,
-                "file_checks": self.file_checks, "file_checked_at": self.file_checked_at}
+                "last_error": self.last_error, "last_error_at": _iso(self.last_error_at),
+                "file_checks": self.file_checks, "file_checked_at": _iso(self.file_checked_at)}
 
     async def apply(self, snapshot: PolicySnapshot) -> dict[str, list[str]]:
         old = self.current.policy
@@ -609,6 +612,12 @@ class PolicyStore:
                     self.reject(PolicyError([("<root>", f"the reload failed: {type(exc).__name__}")]), str(self.path))
             self.file_checks += 1  # a watcher that stopped shows here: the count no longer moves
             self.file_checked_at = time.time()
+
+
+def _iso(moment: float | None) -> str | None:
+    if moment is None:
+        return None
+    return datetime.fromtimestamp(moment, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:

@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,8 @@ def test_a_rejected_policy_names_each_error_and_the_running_one_stays() -> None:
             assert app.gateway.store.current.digest == before
             status = (await client.get("/admin/policy/status", headers=ADMIN)).json()
             assert status["digest"] == before and status["reloads_failed"] == 1
+            for moment in (status["loaded_at"], status["last_error_at"]):  # for a person to read
+                assert datetime.fromisoformat(moment.replace("Z", "+00:00")).tzinfo is not None, moment
 
             good = policy_dict(["http://127.0.0.1:9"])
             good["tiers"]["standard"]["max_tokens_cap"] = 2048
