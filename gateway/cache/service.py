@@ -15,6 +15,7 @@ import asyncio
 import collections
 import dataclasses
 import logging
+import re
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import CachePolicy
 
 T = TypeVar("T")
+_HANGUL = re.compile("[\uac00-\ud7a3]")
 log = logging.getLogger("tollgate.cache")
 _PENDING_MAX = 1000
 _QUIET_S = 1.0  # stored answers are embedded only after lookups have paused this long
@@ -223,8 +225,10 @@ class SemanticCache:
             if entry is None:
                 index.remove(entry_id)  # expired or evicted elsewhere
                 continue
-            if spec.verifier:  # off the loop: a Korean question is read by morphology (gateway.cache.roles)
-                reason = await asyncio.to_thread(verify, key.text, entry.question)
+            if spec.verifier:  # a Korean question is read by morphology (gateway.cache.roles): off the loop
+                korean = _HANGUL.search(key.text) or _HANGUL.search(entry.question)
+                reason = await asyncio.to_thread(verify, key.text, entry.question) if korean else \
+                    verify(key.text, entry.question)
                 if reason is not None:
                     self.metrics.cache_rejections.labels(reason).inc()
                     continue

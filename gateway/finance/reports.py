@@ -13,10 +13,11 @@ empty cell), so it loads in pandas as typed, and text a spreadsheet would read a
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -93,13 +94,14 @@ def costs(store: LedgerStore, start: str, end: str, group_by: list[str], tenant:
     records; the JSON's total the sum of the rows as shown."""
     total = dict.fromkeys(TOTALS, 0)
 
-    def rows() -> Iterator[dict[str, Any]]:
+    def rows() -> Generator[dict[str, Any], None, None]:
         seen = set()
-        for chunk in store.stream_totals(start, end, group_by, tenant, tag):
-            for row in chunk:
-                if names is not None:
-                    seen.add(row["tenant"])
-                yield with_rates(row)
+        with contextlib.closing(store.stream_totals(start, end, group_by, tenant, tag)) as chunks:
+            for chunk in chunks:
+                for row in chunk:
+                    if names is not None:
+                        seen.add(row["tenant"])
+                    yield with_rates(row)
         if names is not None:
             yield from (with_rates({"tenant": name, **dict.fromkeys(TOTALS, 0)}) for name in sorted(names)
                         if name not in seen)
@@ -111,14 +113,16 @@ def costs(store: LedgerStore, start: str, end: str, group_by: list[str], tenant:
             yield row
 
     body = heavy.Spool()
-    if fmt == "csv":
-        keys = ["key_id" if g == "key" else g for g in group_by]
-        body.csv([*keys, *TOTALS, "cost_per_1k_requests_usd", "tokens_per_request"],
-                 ({k: cell(v) for k, v in row.items()} for row in rows()))
-        return body
-    head = orjson.dumps({"object": "cost_report", **shown_range(start, end), "group_by": group_by})
-    body.write(head[:-1] + b',"data":')
-    body.json_list(counted(rows()))
+    # closed here, on the report thread, whatever happens: the store's cursor lives in this thread
+    with contextlib.closing(rows()) as source:
+        if fmt == "csv":
+            keys = ["key_id" if g == "key" else g for g in group_by]
+            body.csv([*keys, *TOTALS, "cost_per_1k_requests_usd", "tokens_per_request"],
+                     ({k: cell(v) for k, v in row.items()} for row in source))
+            return body
+        head = orjson.dumps({"object": "cost_report", **shown_range(start, end), "group_by": group_by})
+        body.write(head[:-1] + b',"data":')
+        body.json_list(counted(source))
     body.write(b',"total":' + orjson.dumps(with_rates(total)) + b"}")
     return body
 

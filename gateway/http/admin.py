@@ -22,6 +22,7 @@ import binascii
 import ipaddress
 import logging
 import re
+import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -42,6 +43,7 @@ from gateway.http.reports import time_range
 from gateway.http.responses import json_response
 from gateway.keys.model import key_id, unsafe_character
 from gateway.keys.service import KeyService
+from gateway.ledger import times
 from gateway.policy.loader import MAX_POLICY_BYTES, FileReload, PolicyError, load_yaml
 from gateway.policy.schema import Policy
 from gateway.spend.alerts import public
@@ -209,9 +211,31 @@ def with_live_values(text: str, live: Policy) -> str:
         return text
     put_back = [0]
     restored = _restore(data, redacted(live), live.model_dump(mode="json"), put_back)
+    left = _still_redacted(restored, "")
+    if left:
+        raise PolicyError([(path, "still as GET /admin/policy showed it (redacted): only a value shown unchanged in "
+                            "its place is put back; write this one in full") for path in left[:MAX_AUDITED_CHANGES]])
     if not put_back[0]:
         return text
     return yaml.safe_dump(restored, sort_keys=False, allow_unicode=True)
+
+
+_KEY_ID = re.compile(r"key-[0-9a-f]{12}")
+# what a document holding a redaction contains somewhere: <redacted> (as JSON may escape it too) or a key id
+_MAY_HOLD_REDACTIONS = re.compile(r"<redacted>|\\u003credacted\\u003e|key-[0-9a-f]{12}", re.IGNORECASE)
+
+
+def _still_redacted(value: Any, path: str) -> list[str]:
+    """The paths of ``value`` that still hold a redaction: ``<redacted>`` in a string, or a key id where a tenant's
+    key hash belongs."""
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _still_redacted(v, f"{path}.{k}" if path else str(k))]
+    if isinstance(value, list):
+        keys = path.startswith("tenants.") and path.endswith(".keys")
+        return [p for i, v in enumerate(value)
+                for p in ([f"{path}.{i}"] if keys and isinstance(v, str) and _KEY_ID.fullmatch(v) else
+                          _still_redacted(v, f"{path}.{i}"))]
+    return [path] if isinstance(value, str) and REDACTED in value else []
 
 
 def _restore(given: Any, shown: Any, raw: Any, put_back: list[int]) -> Any:
@@ -303,12 +327,13 @@ async def put_policy(request: Request) -> Response:
     actor = require_admin(request)
     store = gateway_of(request).store
     raw = await read_body(request.receive, request_headers(request.scope), MAX_POLICY_BYTES)
-    text = raw.decode("utf-8", errors="replace")
+    written = raw.decode("utf-8", errors="replace")
     before = store.current
-    if REDACTED in text or "key-" in text:  # a document GET /admin/policy gave, maybe: its hidden values back
-        text = await asyncio.to_thread(with_live_values, text, before.policy)
+    text = written
     try:
-        changes = await store.apply_text(text)
+        if _MAY_HOLD_REDACTIONS.search(written):  # a document GET /admin/policy gave, maybe: its values back
+            text = await asyncio.to_thread(with_live_values, written, before.policy)
+        changes = await store.apply_text(text, lines_from=written if text is not written else None)
     except PolicyError as exc:
         await audited(request, actor, "policy.reject", "policy", {
             "digest": before.digest, "errors": [p for p, _ in exc.errors[:MAX_AUDITED_CHANGES]],
@@ -333,6 +358,8 @@ async def audit_file_reload(keys: KeyService, reload: FileReload) -> None:
                 "source": reload.source, "digest": reload.before.digest,
                 "errors": [p for p, _ in errors[:MAX_AUDITED_CHANGES]], "errors_total": len(errors)})
             return
+        if await _applied_by_put(keys, reload.after.digest):
+            return  # the file another process of this host wrote for a PUT: that PUT's entry says it
         valued, total = await asyncio.to_thread(policy_changes, reload.before.policy, reload.after.policy)
         if total:
             await keys.record("file", None, "policy.apply", "policy", {
@@ -340,6 +367,15 @@ async def audit_file_reload(keys: KeyService, reload: FileReload) -> None:
                 "changes": valued, "changes_total": total})
     except Exception as exc:  # the reload is done: an entry the store cannot take goes to the log
         log.error("audit entry of a policy file reload not stored (%s)", exc)
+
+
+async def _applied_by_put(keys: KeyService, digest: str, within_s: float = 600.0) -> bool:
+    """Did a PUT /admin/policy (on any process sharing the audit log) apply the policy of ``digest`` within the
+    last ``within_s``? Its newest entries are read, a few."""
+    now = time.time()
+    recent = await keys.audit(times.at(now - within_s), times.at(now + 1), 20)
+    return any(e["action"] == "policy.apply" and e["actor"] != "file"
+               and (e["details"].get("digest") or {}).get("new") == digest for e in recent)
 
 
 async def audit_log(request: Request) -> Response:

@@ -17,7 +17,7 @@ Why the bound: docs/decisions/009-finance-reads-off-the-loop.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 from gateway.ledger.stores import LedgerStore
@@ -87,7 +87,7 @@ class Centres:
         return self.store.records(start, end, tenant, after, limit, tag, columns)
 
     def stream_totals(self, start: str, end: str, group_by: Sequence[str], tenant: str | None,
-                      tag: str | None = None, chunk: int = 2000) -> Iterator[list[dict[str, Any]]]:
+                      tag: str | None = None, chunk: int = 2000) -> Generator[list[dict[str, Any]], None, None]:
         return self.store.stream_totals(start, end, group_by, tenant, tag, chunk)
 
     def top_tags(self, start: str, end: str, top: int) -> list[dict[str, Any]]:

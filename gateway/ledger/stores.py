@@ -14,7 +14,7 @@ import abc
 import math
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
@@ -83,7 +83,7 @@ class LedgerStore(Protocol):
                tag: str | None = None) -> list[dict[str, Any]]: ...
 
     def stream_totals(self, start: str, end: str, group_by: Sequence[str], tenant: str | None,
-                      tag: str | None = None, chunk: int = 2000) -> Iterator[list[dict[str, Any]]]: ...
+                      tag: str | None = None, chunk: int = 2000) -> Generator[list[dict[str, Any]], None, None]: ...
 
     def top_tags(self, start: str, end: str, top: int) -> list[dict[str, Any]]: ...
 
@@ -156,7 +156,7 @@ class _Sql(abc.ABC):
         return _plain(self._run(*self._totals_sql(start, end, group_by, tenant, tag)))
 
     def stream_totals(self, start: str, end: str, group_by: Sequence[str], tenant: str | None,
-                      tag: str | None = None, chunk: int = 2000) -> Iterator[list[dict[str, Any]]]:
+                      tag: str | None = None, chunk: int = 2000) -> Generator[list[dict[str, Any]], None, None]:
         """``totals``, the same rows in the same order, ``chunk`` at a time from one cursor (one statement: one
         view of the ledger), so a grouping with a row per end user is never held whole. The cursor lives in the
         calling thread: consume the iterator there, to its end or closed."""
@@ -176,7 +176,7 @@ class _Sql(abc.ABC):
             "ORDER BY tenant, place", args)
 
     @abc.abstractmethod
-    def _stream(self, sql: str, args: Sequence[Any], chunk: int) -> Iterator[list[dict[str, Any]]]: ...
+    def _stream(self, sql: str, args: Sequence[Any], chunk: int) -> Generator[list[dict[str, Any]], None, None]: ...
 
 
     def tokens_percentile(self, start: str, end: str, q: float, tenant: str | None = None) -> int | None:
@@ -264,7 +264,7 @@ class SqliteLedger(_Sql):
         finally:
             cursor.close()
 
-    def _stream(self, sql: str, args: Sequence[Any], chunk: int) -> Iterator[list[dict[str, Any]]]:
+    def _stream(self, sql: str, args: Sequence[Any], chunk: int) -> Generator[list[dict[str, Any]], None, None]:
         cursor = self._tuples(sql, args)
         try:
             names = [d[0] for d in cursor.description]
@@ -346,7 +346,7 @@ class PostgresLedger(_Sql):
             db.close()
             raise
 
-    def _stream(self, sql: str, args: Sequence[Any], chunk: int) -> Iterator[list[dict[str, Any]]]:
+    def _stream(self, sql: str, args: Sequence[Any], chunk: int) -> Generator[list[dict[str, Any]], None, None]:
         """A server-side cursor in a transaction of its own: PostgreSQL sends ``chunk`` rows per fetch (a
         client-side cursor would bring every row over before the first)."""
         db = self._db()

@@ -281,8 +281,10 @@ def _where(node: yaml.Node) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}" if mark else "document"
 
 
-def parse_policy(text: str) -> Policy:
-    """YAML text -> validated Policy, or PolicyError listing every problem with its path."""
+def parse_policy(text: str, lines_from: str | None = None) -> Policy:
+    """YAML text -> validated Policy, or PolicyError listing every problem with its path. ``lines_from``: the
+    document as its author wrote it, when ``text`` was rewritten from it with the same shape (an error's line is
+    read there)."""
     data = load_yaml(text)
     if data is None:
         data = {}
@@ -291,7 +293,7 @@ def parse_policy(text: str) -> Policy:
     try:
         policy = Policy.model_validate(data)
     except ValidationError as exc:
-        raise PolicyError(_explained(text, exc)) from None
+        raise PolicyError(_explained(lines_from or text, exc)) from None
     except RecursionError:
         raise PolicyError([("<root>", "the policy is nested too deeply")]) from None
     errors = cross_reference_errors(policy)
@@ -409,13 +411,14 @@ def read_file(path: Path) -> str:
 ELSEWHERE_OVER = 1024 * 1024
 
 
-async def parse_elsewhere(text: str, source: str) -> PolicySnapshot:
-    """Parse and validate ``text`` without stalling the event loop, whatever its size (PolicyError if bad)."""
+async def parse_elsewhere(text: str, source: str, lines_from: str | None = None) -> PolicySnapshot:
+    """Parse and validate ``text`` without stalling the event loop, whatever its size (PolicyError if bad;
+    ``lines_from`` as parse_policy reads it)."""
     if len(text) <= ELSEWHERE_OVER:
-        return await asyncio.to_thread(_quietly, lambda: PolicySnapshot.build(parse_policy(text), source))
+        return await asyncio.to_thread(_quietly, lambda: PolicySnapshot.build(parse_policy(text, lines_from), source))
     loop = asyncio.get_running_loop()
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        errors, data, digest = await loop.run_in_executor(pool, _checked, text)
+        errors, data, digest = await loop.run_in_executor(pool, _checked, text, lines_from)
     if errors:
         raise PolicyError(errors)
     # the child found it valid; here it is only rebuilt, from JSON, with the collector paused
@@ -423,10 +426,10 @@ async def parse_elsewhere(text: str, source: str) -> PolicySnapshot:
         Policy.model_validate(orjson.loads(data)), source, digest))
 
 
-def _checked(text: str) -> tuple[list[tuple[str, str]], bytes, str]:
+def _checked(text: str, lines_from: str | None = None) -> tuple[list[tuple[str, str]], bytes, str]:
     """In the child: (errors, the policy as JSON, its digest)."""
     try:
-        policy = parse_policy(text)
+        policy = parse_policy(text, lines_from)
     except PolicyError as exc:
         return exc.errors, b"", ""
     return [], orjson.dumps(policy.model_dump(mode="json")), digest_of(policy)
@@ -564,14 +567,15 @@ class PolicyStore:
             except Exception:  # a watcher's failure is its own: the reload stands
                 log.exception("a policy file watcher failed")
 
-    async def apply_text(self, text: str, source: str = "admin API") -> dict[str, list[str]]:
+    async def apply_text(self, text: str, source: str = "admin API",
+                         lines_from: str | None = None) -> dict[str, list[str]]:
         """Validate text and make it live, then write it to the policy file so a restart keeps it.
 
         The admin API cannot turn itself off: a policy without the admin token is refused here (edit the
         file to do that). The file is written only once the policy is live: to a temporary file first, the
         previous file kept as ``<name>.bak``, then renamed into place (atomic on POSIX)."""
         try:
-            snapshot = await parse_elsewhere(text, source)
+            snapshot = await parse_elsewhere(text, source, lines_from)
             policy = snapshot.policy
             if self.current.policy.server.admin_token_sha256 and policy.server.admin_token_sha256 is None:
                 raise PolicyError([("server.admin_token_sha256", "removing the admin token through the admin API "

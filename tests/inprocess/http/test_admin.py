@@ -399,6 +399,35 @@ def test_every_redacted_value_comes_back_and_a_value_written_anew_is_taken_as_wr
     assert admin.with_live_values("tiers: [", live) == "tiers: [", "what does not parse is the loader's to refuse"
 
 
+def test_a_value_still_redacted_after_the_put_back_is_refused_by_its_path() -> None:
+    """An edit next to a redaction (a worker URL's port changed, its password still <redacted>) cannot be put back
+    from the live value: it is a 400 naming the path, never the literal text; a key id under a tenant that has no
+    such key likewise. The running policy stays; an error's line is the line in the document sent."""
+    async def main() -> None:
+        async with admin_client(secret_policy()) as (client, app):
+            live = app.gateway.store.current
+            shown = yaml.safe_load((await client.get("/admin/policy?format=yaml", headers=ADMIN)).text)
+            edited = yaml.safe_load(yaml.safe_dump(shown))
+            edited["pools"]["main"]["workers"] = ["http://gw:<redacted>@127.0.0.1:10/"]
+            edited["tenants"]["prem"]["keys"] = shown["tenants"]["demo"]["keys"]
+            reply = await client.put("/admin/policy", content=yaml.safe_dump(edited), headers=ADMIN)
+            assert reply.status_code == 400, reply.text
+            paths = {d["path"] for d in reply.json()["error"]["details"]}
+            assert paths == {"pools.main.workers.0", "tenants.prem.keys.0"}, paths
+            assert app.gateway.store.current.digest == live.digest
+            escaped = orjson.dumps(edited).decode().replace("<", "\\u003c").replace(">", "\\u003e")
+            reply = await client.put("/admin/policy", content=escaped, headers=ADMIN)
+            assert reply.status_code == 400 and "pools.main.workers.0" in reply.text, "escaped as JSON may escape it"
+
+            typo = "# two lines of the admin's own\n# above the document\n" + yaml.safe_dump(shown, sort_keys=False)
+            typo = typo.replace("max_tokens_cap: 1024", "max_token_cap: 1024", 1)
+            line = 1 + typo.splitlines().index(next(li for li in typo.splitlines() if "max_token_cap:" in li))
+            reply = await client.put("/admin/policy", content=typo, headers=ADMIN)
+            (detail,) = [d for d in reply.json()["error"]["details"] if d["path"].endswith("max_token_cap")]
+            assert f"(line {line})" in detail["message"], (line, detail)
+    asyncio.run(main())
+
+
 def test_a_mistake_in_the_policy_is_named_with_its_line_and_the_name_meant() -> None:
     async def main() -> None:
         async with admin_client() as (client, _):
@@ -432,8 +461,16 @@ def test_an_edit_of_the_policy_file_is_in_the_audit_log(tmp_path: Path) -> None:
             path.write_text(yaml.safe_dump(edited))
             with pytest.raises(PolicyError):
                 await store.reload_file()
+            # a PUT, then the file it wrote read back (as another process of the host reads it): one entry, the PUT's
+            put = policy_dict(["http://127.0.0.1:9"])
+            put["tiers"]["standard"]["max_tokens_cap"] = 512
+            before_put = store.current
+            assert (await client.put("/admin/policy", content=yaml.safe_dump(put), headers=ADMIN)).status_code == 200
+            store.current = before_put  # this process had not applied it: its watcher reads the file
+            await store.reload_file()
             return list((await client.get("/admin/audit", headers=ADMIN)).json()["data"])
     log = asyncio.run(main())
+    assert [e["action"] for e in log if e["actor"] == "file"].count("policy.apply") == 1, "the PUT's file: not again"
     by_action = {e["action"]: e for e in log if e["actor"] == "file"}
     applied, refused = by_action["policy.apply"], by_action["policy.reject"]
     assert applied["details"]["source"] == str(path)
