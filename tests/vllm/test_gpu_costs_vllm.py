@@ -64,5 +64,8 @@ def test_the_ledger_spans_agree_with_the_engines_own_time(vllm_server: Any,
     # the gateway's span of a request holds the engine's, plus loopback and relay: a few per cent at most
     assert engine_seconds <= ledger_seconds <= engine_seconds * 1.1 + 0.2, (ledger_seconds, engine_seconds)
     rows = {r["tenant"]: r for r in out["data"] if r["kind"] == "usage"}
-    assert 2.5 <= rows["prem"]["gpu_cost_usd"] / rows["demo"]["gpu_cost_usd"] <= 3.5, rows
+    # three lanes against one of the same work: three to one, within what a CPU engine's time does run to run
+    # beside the suite's other processes (a lane's share moved by a fifth: 3.62 and 2.28 were seen in CI runs; the
+    # benchmark measures it, loadtest/RESULTS.md). An even split by tenant (1), or all to one of them, is far outside.
+    assert 2.0 <= rows["prem"]["gpu_cost_usd"] / rows["demo"]["gpu_cost_usd"] <= 4.5, rows
     assert abs(out["reconciliation"]["difference_usd"]) < 1e-9

@@ -4,16 +4,21 @@ to another's request, and every failure leaves the pool as it found it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+from collections.abc import AsyncIterator
 
 import orjson
 
 from gateway.fleet.observe import scrape
 from gateway.fleet.worker import Worker
+from gateway.policy.loader import PolicySnapshot, PolicyStore
+from gateway.policy.schema import Policy
 from gateway.runtime import Gateway
 from gateway.transport.http1 import Client
 from gateway.upstream.pools import SCRAPE_CAPS
 from loadtest.harness.hostile_worker import HostileWorker
+from tests.conftest import policy_dict
 from tests.fakes import MODEL, call, inflight, running_gateway
 
 
@@ -23,6 +28,16 @@ def asking(mode: str, mark: str) -> dict[str, object]:
 
 def content(body: bytes) -> str:
     return orjson.loads(body)["choices"][0]["message"]["content"]
+
+
+@contextlib.asynccontextmanager
+async def patient_gateway(url: str) -> AsyncIterator[Gateway]:
+    """The test policy over ``url`` with a pool of two connections and queue deadlines of ten minutes."""
+    policy = policy_dict([url], max_connections=2)
+    policy["scheduling"] = {"tiers": {tier: {"max_queue_wait_ms": 600_000} for tier in ("premium", "standard")}}
+    gw = Gateway(PolicyStore(PolicySnapshot.build(Policy.model_validate(policy), "test")))
+    async with gw.lifespan():
+        yield gw
 
 
 def test_ten_thousand_requests_of_two_tenants_each_get_their_own_answer() -> None:
@@ -43,14 +58,16 @@ def test_ten_thousand_requests_of_two_tenants_each_get_their_own_answer() -> Non
                 wrong.append((mark, got))
 
     async def main() -> None:
-        async with HostileWorker() as worker, running_gateway([worker.url], max_connections=2) as gw:
+        # the queue's deadlines are not this test's subject: on a loaded host a forecast past them refuses a request
+        # (a 429 that never reaches the worker), seen twice in 10,000 during a full suite
+        async with HostileWorker() as worker, patient_gateway(worker.url) as gw:
             await asyncio.gather(*(user(gw, ("demo", "prem")[k % 2], 1250) for k in range(8)))
             assert inflight(gw) == 0
+            assert statuses == {200: 10_000}
             assert worker.requests == 10_000
             assert worker.connections > 2, "connections that spoke out of turn were replaced"
     asyncio.run(main())
     assert wrong == [], f"{len(wrong)} answers went to the wrong request, e.g. {wrong[:3]}"
-    assert statuses == {200: 10_000}
 
 
 async def readmitted(gw: Gateway) -> None:
