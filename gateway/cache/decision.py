@@ -14,14 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from gateway.cache.index import VectorIndex
+from gateway.cache.index import SEARCH_ON_LOOP, VectorIndex
 from gateway.cache.keys import CacheKey, cache_key
 from gateway.cache.service import Lookup, SemanticCache
 from gateway.context import RequestContext
 from gateway.ops.metrics import GatewayMetrics
 from gateway.policy.schema import CachePolicy
-
-_SEARCH_ON_LOOP = 4096  # entries in a scope up to which a flat search (under a millisecond) stays on the loop
 
 
 @dataclass(slots=True)
@@ -125,7 +123,7 @@ async def _nearest(index: VectorIndex | None, scope: str, vector: np.ndarray) ->
     """The best cosine in ``scope`` (None: it holds nothing); a large scope is searched off the event loop."""
     if index is None or not index.size(scope):
         return None
-    if index.size(scope) > _SEARCH_ON_LOOP:
+    if index.size(scope) > SEARCH_ON_LOOP:
         best = await asyncio.to_thread(index.search, scope, vector, 1)
     else:
         best = index.search(scope, vector, 1)

@@ -27,7 +27,7 @@ from gateway.cache import embedder as embedders
 from gateway.cache.audit import Audits, Sample, Verdict
 from gateway.cache.bounds import Footprint
 from gateway.cache.embedder import Embedder
-from gateway.cache.index import VectorIndex
+from gateway.cache.index import SEARCH_ON_LOOP, VectorIndex
 from gateway.cache.keys import CacheKey
 from gateway.cache.store import CacheStore, Entry, MemoryStore, RedisStore, StoreUnavailable
 from gateway.cache.verifier import verify
@@ -210,7 +210,7 @@ class SemanticCache:
             return Lookup("bypass", reason="embedder_busy")
         vector = await self.embedder.embed(key.text)
         index = self.index
-        if index.size(key.scope) > 4096:
+        if index.size(key.scope) > SEARCH_ON_LOOP:
             candidates = await asyncio.to_thread(index.search, key.scope, vector)
         else:
             candidates = index.search(key.scope, vector)
