@@ -417,11 +417,14 @@ def _bar(share: float) -> str:
             f'<rect width="{160 * used:.1f}" height="12" fill="{colour}"/></svg> {share * 100:.1f}%')
 
 
-def sign_in(message: str = "") -> str:
-    """The sign-in form (the finance or admin token), with ``message`` above it when there is one."""
+def sign_in(message: str = "", sso: bool = False) -> str:
+    """The sign-in form (the finance or admin token; single sign-on first when ``sso``), with ``message`` above it
+    when there is one."""
     say = words.say
     note = f'<p style="color:#b5485d">{escape(say(message))}</p>' if message else ""
-    body = (f'<h1>{say("Tollgate costs")}</h1>{note}<form class="login" method="post" action="/reports/login">'
+    link = (f'<p><a data-testid="sso" href="/auth/sso/login?next=/reports">{say("Sign in with single sign-on")}'
+            '</a></p>') if sso else ""
+    body = (f'<h1>{say("Tollgate costs")}</h1>{note}{link}<form class="login" method="post" action="/reports/login">'
             f'<label>{say("Finance or admin token")}<br><input type="password" name="token" autocomplete="off" '
             f'style="width:100%"></label><p><button type="submit">{say("Sign in")}</button></p></form>')
     return page_html(say("Tollgate costs: sign in"), body)

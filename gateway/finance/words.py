@@ -102,6 +102,7 @@ KO = {
     "Tollgate costs: check the period": "Tollgate 비용: 기간을 확인하세요",
     "Finance or admin token": "재무 또는 관리자 토큰",
     "Sign in": "로그인",
+    "Sign in with single sign-on": "SSO로 로그인",
     "That token does not open the reports.": "그 토큰으로는 보고서를 열 수 없습니다.",
     "This page cannot show that.": "이 페이지는 그것을 보여 줄 수 없습니다.",
     "Show the last 30 days of every tenant": "모든 테넌트의 최근 30일 보기",

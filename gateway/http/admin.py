@@ -33,18 +33,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.auth import admin_actor
 from gateway.cache.store import StoreUnavailable
-from gateway.errors import Conflict, InvalidRequest, Unavailable
+from gateway.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from gateway.finance.reports import shown_range
 from gateway.http.asgi import read_body, request_headers
-from gateway.http.guards import authorization, gateway_of
+from gateway.http.guards import gateway_of, require_admin
 from gateway.http.reports import time_range
 from gateway.http.responses import json_response
 from gateway.keys.model import key_id, unsafe_character
 from gateway.keys.service import KeyService
 from gateway.ledger import times
-from gateway.policy.loader import MAX_POLICY_BYTES, FileReload, PolicyError, load_yaml
+from gateway.policy.loader import MAX_POLICY_BYTES, FileReload, PolicyError, PolicyStore, load_yaml
 from gateway.policy.schema import Policy
 from gateway.spend.alerts import public
 
@@ -56,11 +55,6 @@ AUDIT_PAGE_BYTES = 1 << 20  # what one page of GET /admin/audit may take (entrie
 VIA = " via "  # an audit entry's client: "<the address a trusted proxy named> via <the peer>", or the peer alone
 _SECRET_QUERY = re.compile(r"pass|secret|token|key|auth|sig", re.IGNORECASE)
 _DSN_PASSWORD = re.compile(r"\b(password|sslpassword)\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-
-
-def require_admin(request: Request) -> str:
-    """The admin token, or 401 (unknown) / 403 (another role's credential); who the caller is, for the audit."""
-    return admin_actor(authorization(request), gateway_of(request).store.current)
 
 
 def client_address(request: Request) -> str | None:
@@ -186,6 +180,8 @@ def redacted(policy: Policy) -> dict[str, Any]:
     for name in ("admin_token_sha256", "metrics_token_sha256", "finance_token_sha256"):
         if server.get(name):
             server[name] = REDACTED
+    if server["sso"] is not None and server["sso"]["client_secret"]:
+        server["sso"]["client_secret"] = REDACTED
     for tenant in data["tenants"].values():
         tenant["keys"] = [key_id(k.removeprefix("sha256:")) for k in tenant["keys"]]
     data["spend"]["webhook_url"] = redact_endpoint(data["spend"]["webhook_url"])
@@ -221,6 +217,7 @@ def with_live_values(text: str, live: Policy) -> str:
 
 
 _KEY_ID = re.compile(r"key-[0-9a-f]{12}")
+_ACTION = re.compile(r"[a-z_]{1,32}(\.[a-z_]{1,32}){0,3}")
 # what a document holding a redaction contains somewhere: <redacted> (as JSON may escape it too) or a key id
 _MAY_HOLD_REDACTIONS = re.compile(r"<redacted>|\\u003credacted\\u003e|key-[0-9a-f]{12}", re.IGNORECASE)
 
@@ -308,7 +305,7 @@ def _bounded(value: Any) -> Any:
 
 async def get_policy(request: Request) -> Response:
     """The live policy, secrets redacted: JSON, or YAML with ?format=yaml."""
-    require_admin(request)
+    await require_admin(request)
     form = request.query_params.get("format", "json")
     if form not in ("json", "yaml"):
         raise InvalidRequest("format is json or yaml.", "invalid_format", param="format")
@@ -324,28 +321,146 @@ async def get_policy(request: Request) -> Response:
 
 
 async def put_policy(request: Request) -> Response:
-    actor = require_admin(request)
-    store = gateway_of(request).store
+    """Apply a policy document (YAML or JSON); ``?dry_run=true`` checks it and says what would change, applying
+    and recording nothing. A ``<redacted>`` value left as GET /admin/policy showed it keeps the live value."""
+    actor = await require_admin(request)
+    dry_run = request.query_params.get("dry_run", "false")
+    if dry_run not in ("true", "false"):
+        raise InvalidRequest("dry_run is true or false.", "invalid_value", param="dry_run")
     raw = await read_body(request.receive, request_headers(request.scope), MAX_POLICY_BYTES)
     written = raw.decode("utf-8", errors="replace")
+    if dry_run == "true":
+        return await _checked(gateway_of(request).store, written)
+    return await _applied(request, actor, written, "policy.apply", {})
+
+
+async def _checked(store: PolicyStore, written: str) -> Response:
     before = store.current
-    text = written
     try:
-        if _MAY_HOLD_REDACTIONS.search(written):  # a document GET /admin/policy gave, maybe: its values back
-            text = await asyncio.to_thread(with_live_values, written, before.policy)
+        text = await _live_values_in(written, before.policy)
+        after = await store.check_text(text, lines_from=written if text is not written else None)
+    except PolicyError as exc:
+        raise _rejected(exc) from None
+    valued, total = await asyncio.to_thread(policy_changes, before.policy, after.policy)
+    return json_response({"status": "valid", "digest": after.digest, "changes": valued, "changes_total": total})
+
+
+async def _applied(request: Request, actor: str, written: str, action: str, extra: dict[str, Any]) -> Response:
+    """Make ``written`` the live policy, recording it (or its refusal) in the audit log as ``action``."""
+    store = gateway_of(request).store
+    before = store.current
+    try:
+        text = await _live_values_in(written, before.policy)
         changes = await store.apply_text(text, lines_from=written if text is not written else None)
     except PolicyError as exc:
         await audited(request, actor, "policy.reject", "policy", {
-            "digest": before.digest, "errors": [p for p, _ in exc.errors[:MAX_AUDITED_CHANGES]],
+            **extra, "digest": before.digest, "errors": [p for p, _ in exc.errors[:MAX_AUDITED_CHANGES]],
             "errors_total": len(exc.errors)})
-        rejected = InvalidRequest("The policy was rejected; the running one stays.", "invalid_policy")
-        rejected.details = [{"path": p, "message": m} for p, m in exc.errors]
-        raise rejected from None
+        raise _rejected(exc) from None
     after = store.current
     valued, total = await asyncio.to_thread(policy_changes, before.policy, after.policy)
-    await audited(request, actor, "policy.apply", "policy", {
-        "digest": {"old": before.digest, "new": after.digest}, "changes": valued, "changes_total": total})
-    return json_response({"status": "applied", "digest": after.digest, "diff": changes})
+    await audited(request, actor, action, "policy", {
+        **extra, "digest": {"old": before.digest, "new": after.digest}, "changes": valued, "changes_total": total})
+    return json_response({"status": "applied", "digest": after.digest, "diff": changes, "changes": valued,
+                          "changes_total": total})
+
+
+async def _live_values_in(written: str, live: Policy) -> str:
+    if _MAY_HOLD_REDACTIONS.search(written):  # a document GET /admin/policy gave, maybe: its values back
+        return await asyncio.to_thread(with_live_values, written, live)
+    return written
+
+
+def _rejected(exc: PolicyError) -> InvalidRequest:
+    rejected = InvalidRequest("The policy was rejected; the running one stays.", "invalid_policy")
+    rejected.details = [{"path": p, "message": m} for p, m in exc.errors]
+    return rejected
+
+
+async def rollback_policy(request: Request) -> Response:
+    """Undo one change to the policy: ``{"entry": <the id of its policy.apply or policy.rollback entry in the
+    audit log>}``. Each path the entry changed goes back to its old value, on the policy as it is now; the rest
+    stays. Refused (409, naming the paths) where a path has changed again since, where the entry keeps only some
+    of its changes or a value too large to keep, and (400) where the old value was a secret, which the log never
+    keeps: write that one in full. Recorded as ``policy.rollback`` with the entry it undid."""
+    actor = await require_admin(request)
+    raw = await read_body(request.receive, request_headers(request.scope), 4096)
+    try:
+        asked = orjson.loads(raw or b"{}")
+    except orjson.JSONDecodeError:
+        raise InvalidRequest("The body is not valid JSON.", "invalid_json") from None
+    entry_id = asked.get("entry") if isinstance(asked, dict) else None
+    if not isinstance(entry_id, str) or not 0 < len(entry_id) <= 64:
+        raise InvalidRequest('Name the change to undo: {"entry": "<its audit entry id>"}.', "invalid_value",
+                             param="entry")
+    store = gateway_of(request).keys.store
+    entry = await store.do(store.audit_entry, entry_id)
+    if entry is None or entry["action"] not in ("policy.apply", "policy.rollback"):
+        raise NotFound(f"No applied policy change has the audit entry id {entry_id!r}.", "entry_not_found")
+    details = orjson.loads(entry["details"])
+    changes = details.get("changes") or []
+    if details.get("truncated") or details.get("changes_total", len(changes)) > len(changes):
+        raise Conflict(f"The entry keeps {len(changes)} of its {details.get('changes_total')} changes: undo it by "
+                       "writing the policy in full.", "rollback_incomplete")
+    live = gateway_of(request).store.current.policy
+    shown = await asyncio.to_thread(redacted, live)
+    problems = undo(shown, changes)
+    if problems:
+        raise Conflict("Cannot undo this change: " + "; ".join(problems[:20]), "rollback_conflict")
+    text = await asyncio.to_thread(lambda: yaml.safe_dump(shown, sort_keys=False, allow_unicode=True))
+    return await _applied(request, actor, text, "policy.rollback", {"rollback_of": entry_id})
+
+
+def undo(shown: dict[str, Any], changes: list[dict[str, Any]]) -> list[str]:
+    """Put each change's old value back into ``shown`` (the live policy as GET /admin/policy shows it), the last
+    change first; the paths that cannot be (changed since, or their value not kept), each with why."""
+    problems = []
+    for change in reversed(changes):
+        path, kind = str(change.get("path", "")), change.get("change")
+        place = _place(shown, path.split("."))
+        if place is None:
+            problems.append(f"{path}: no longer in the policy")
+            continue
+        parent, key = place
+        present = key in parent if isinstance(parent, dict) else key < len(parent)
+        now = parent[key] if present else None
+        old = change.get("old")
+        if _omitted(old) or _omitted(change.get("new")):
+            problems.append(f"{path}: its value was too large for the log")
+        elif (not present or now != change.get("new")) if kind in ("added", "changed") else present:
+            problems.append(f"{path}: changed again since")
+        elif kind == "added":
+            del parent[key]
+        else:
+            parent[key] = old
+    return problems
+
+
+def _omitted(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {"omitted"}
+
+
+def _place(tree: Any, parts: list[str]) -> tuple[Any, Any] | None:
+    """The mapping or list and the key in it where a dotted path of the audit log points (a name holding dots,
+    as a tenant's may, is matched whole); None where the path leads nowhere."""
+    if isinstance(tree, list):
+        if not parts[0].isdigit():
+            return None
+        index = int(parts[0])
+        if len(parts) == 1:
+            return (tree, index) if index <= len(tree) else None
+        return _place(tree[index], parts[1:]) if index < len(tree) else None
+    if not isinstance(tree, dict):
+        return None
+    for i in range(1, len(parts) + 1):
+        key = ".".join(parts[:i])
+        if i == len(parts):
+            return tree, key
+        if key in tree:
+            found = _place(tree[key], parts[i:])
+            if found is not None:
+                return found
+    return None
 
 
 async def audit_file_reload(keys: KeyService, reload: FileReload) -> None:
@@ -380,18 +495,23 @@ async def _applied_by_put(keys: KeyService, digest: str, within_s: float = 600.0
 
 async def audit_log(request: Request) -> Response:
     """The audit log, newest first: ?from= &to= (ISO dates or times, UTC; as the cost reports read them)
-    &limit= (1-1000, default 100) &cursor= (the last page's ``next_cursor``: the entries after it, in the same
-    range). A page holds at most ``limit`` entries and ``AUDIT_PAGE_BYTES`` of their JSON (always one entry, each
-    bounded far below it); ``has_more`` says whether another follows, and ``next_cursor`` is where it starts.
+    &action= (that action and those under it) &limit= (1-1000, default 100) &cursor= (the last page's
+    ``next_cursor``: the entries after it, in the same range). A page holds at most ``limit`` entries and
+    ``AUDIT_PAGE_BYTES`` of their JSON (always one entry, each bounded far below it); ``has_more`` says whether
+    another follows, and ``next_cursor`` is where it starts.
     Each entry names its ``client`` and its ``peer`` (see ``client_address``)."""
-    require_admin(request)
+    await require_admin(request)
     start, end = time_range(request)
     text = request.query_params.get("limit", "100")
     if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 1000:
         raise InvalidRequest("limit is a whole number from 1 to 1000.", "invalid_limit", param="limit")
     after = parse_cursor(request.query_params.get("cursor"))
+    action = request.query_params.get("action")
+    if action is not None and not _ACTION.fullmatch(action):
+        raise InvalidRequest("action is an action's name or its first part (policy, key.create ...).",
+                             "invalid_value", param="action")
     store = gateway_of(request).keys.store
-    rows, more = await store.do(store.audit_page, start, end, int(text), after, AUDIT_PAGE_BYTES)
+    rows, more = await store.do(store.audit_page, start, end, int(text), after, AUDIT_PAGE_BYTES, action)
     entries = [{**row, **shown_client(row["client"]), "details": orjson.Fragment(row["details"])} for row in rows]
     return json_response({"object": "list", **shown_range(start, end), "data": entries, "has_more": more,
                           "next_cursor": cursor_of(rows[-1]) if more else None})
@@ -417,12 +537,12 @@ def parse_cursor(text: str | None) -> tuple[str, str] | None:
 
 
 async def policy_status(request: Request) -> Response:
-    require_admin(request)
+    await require_admin(request)
     return json_response(gateway_of(request).store.status())
 
 
 async def purge_cache(request: Request) -> Response:
-    actor = require_admin(request)
+    actor = await require_admin(request)
     gw = gateway_of(request)
     q = request.query_params
     repeated = sorted(k for k in set(q.keys()) if len(q.getlist(k)) > 1)
@@ -457,7 +577,7 @@ async def cache_status(request: Request) -> Response:
     that differ), the outcomes so far and the bypasses by reason (this replica's metrics, all tenants), and per
     audited scope its audits, disagreements, the upper confidence bound of its false-hit rate and the threshold it
     has earned (``?tenant=`` filters the tenants and the scopes)."""
-    require_admin(request)
+    await require_admin(request)
     gw = gateway_of(request)
     if gw.cache is None:
         raise Conflict("The cache is not enabled in the policy.", "cache_disabled")
@@ -494,7 +614,7 @@ async def queues(request: Request) -> Response:
     """Per pool: its workers admitted for routing, requests started, drain rate, and per class the depth, oldest
     wait and depth by tenant; and the prompt blocks the prefix index places on each worker (what routing believes
     each engine caches). Per model: its pool and whether that pool can serve it now."""
-    require_admin(request)
+    await require_admin(request)
     gw = gateway_of(request)
     upstreams = gw.upstreams.pools
     pools = gw.scheduler.snapshot(upstreams)
@@ -509,7 +629,7 @@ async def queues(request: Request) -> Response:
 
 async def anomalies(request: Request) -> Response:
     """Recent alerts (cost anomalies, spend rate, budget thresholds), newest first; ?tenant= &kind= filter."""
-    require_admin(request)
+    await require_admin(request)
     q = request.query_params
     found = [public(a) for a in reversed(gateway_of(request).alerts.recent)
              if (not q.get("tenant") or a.get("tenant") == q["tenant"])
@@ -519,7 +639,7 @@ async def anomalies(request: Request) -> Response:
 
 async def scale(request: Request) -> Response:
     """Per pool: the desired worker count by the scaling rules, why, and the signals behind it."""
-    require_admin(request)
+    await require_admin(request)
     return json_response({"pools": gateway_of(request).autoscaler.last})
 
 
@@ -531,6 +651,7 @@ ROUTES = [
     Route("/admin/policy", get_policy, methods=["GET"]),
     Route("/admin/audit", audit_log, methods=["GET"]),
     Route("/admin/policy/status", policy_status, methods=["GET"]),
+    Route("/admin/policy/rollback", rollback_policy, methods=["POST"]),
     Route("/admin/cache", purge_cache, methods=["DELETE"]),
     Route("/admin/cache", cache_status, methods=["GET"]),
 ]

@@ -26,7 +26,19 @@ from gateway.batches.store import open_batch_store
 from gateway.context import RequestContext
 from gateway.endpoints import BY_PATH, RETRIEVE, Endpoint
 from gateway.errors import ClientGone, GatewayError, InvalidRequest, NotFound
-from gateway.http import admin, batch_api, errors, gpu_reports, keys_api, objects, reports, reports_page, statements
+from gateway.http import (
+    admin,
+    batch_api,
+    console,
+    errors,
+    gpu_reports,
+    keys_api,
+    objects,
+    reports,
+    reports_page,
+    sso,
+    statements,
+)
 from gateway.http.asgi import AsgiSink, Receive, Scope, Send, read_body, request_headers, until_disconnect
 from gateway.http.guards import gateway_of, require_metrics_reader, tenant_of
 from gateway.http.responses import json_response
@@ -205,6 +217,8 @@ def create_app(store: PolicyStore, data_dir: Path | None = None, share: Share = 
             *gpu_reports.ROUTES,
             *statements.ROUTES,
             *reports_page.ROUTES,
+            *console.ROUTES,
+            *sso.ROUTES,
             *(batch_api.ROUTES if runner is not None else []),
         ],
         exception_handlers={GatewayError: errors.handle, 404: no_route, 405: no_route},
@@ -213,6 +227,7 @@ def create_app(store: PolicyStore, data_dir: Path | None = None, share: Share = 
     app.state.gateway = gw
     app.state.batches = runner
     app.state.sessions = sessions
+    app.state.sso = sso.Provider()
     return HotPaths(app, endpoints, gw)
 
 

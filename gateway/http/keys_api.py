@@ -23,9 +23,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import InvalidRequest
-from gateway.http.admin import client_address, require_admin
+from gateway.http.admin import client_address
 from gateway.http.asgi import read_body, request_headers
-from gateway.http.guards import gateway_of
+from gateway.http.guards import gateway_of, require_admin
 from gateway.http.responses import json_response
 from gateway.keys.model import DEFAULT_GRACE_S, MAX_GRACE_S, KeySpec, Moment, timestamp
 from gateway.keys.service import KeyService
@@ -84,7 +84,7 @@ def parsed(model: type[BaseModel], data: dict[str, Any]) -> Any:
 
 
 async def create_key(request: Request) -> Response:
-    actor = require_admin(request)
+    actor = await require_admin(request)
     spec = parsed(KeySpec, await body_of(request))
     record, key = await keys_of(request).create(gateway_of(request).store.current, spec, actor,
                                                 client_address(request))
@@ -94,7 +94,7 @@ async def create_key(request: Request) -> Response:
 async def list_keys(request: Request) -> Response:
     """A page of keys, newest first (``limit``, 100 unless given, at most 1,000; ``after``: the last id of the
     page before), as OpenAI's lists page: ``has_more``, ``first_id``, ``last_id``."""
-    require_admin(request)
+    await require_admin(request)
     params = request.query_params
     raw = params.get("limit", str(DEFAULT_PAGE))
     if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_PAGE:
@@ -106,19 +106,19 @@ async def list_keys(request: Request) -> Response:
 
 
 async def get_key(request: Request) -> Response:
-    require_admin(request)
+    await require_admin(request)
     return json_response(keys_of(request).get(request.path_params["key_id"]).public(time.time()))
 
 
 async def revoke_key(request: Request) -> Response:
-    actor = require_admin(request)
+    actor = await require_admin(request)
     await body_of(request)
     record = await keys_of(request).revoke(request.path_params["key_id"], actor, client_address(request))
     return json_response(record.public(time.time()))
 
 
 async def rotate_key(request: Request) -> Response:
-    actor = require_admin(request)
+    actor = await require_admin(request)
     rotation = parsed(Rotation, await body_of(request))
     new, key, old = await keys_of(request).rotate(gateway_of(request).store.current, request.path_params["key_id"],
                                                   rotation.grace_s, actor, client_address(request))
@@ -127,7 +127,7 @@ async def rotate_key(request: Request) -> Response:
 
 
 async def expire_key(request: Request) -> Response:
-    actor = require_admin(request)
+    actor = await require_admin(request)
     expiry: Expiry = parsed(Expiry, await body_of(request))
     given = expiry.model_fields_set
     if len(given) != 1 or ("expires_in_s" in given and expiry.expires_in_s is None):

@@ -37,7 +37,7 @@ from gateway.errors import Conflict, InvalidRequest, Unavailable
 from gateway.finance import heavy
 from gateway.finance.reports import costs as cost_report
 from gateway.finance.reports import ledger_page, parse_month, shown_range, sum_rows, with_rates
-from gateway.http.guards import gateway_of, require_reader, tenant_of
+from gateway.http.guards import gateway_of, require_reader, signed_in, tenant_of
 from gateway.http.responses import NOSNIFF, json_response, spooled
 from gateway.ledger.stores import GROUPS, OPEN_END, OPEN_START, LedgerStore
 from gateway.ledger.times import sortable
@@ -94,12 +94,16 @@ async def ledger(request: Request) -> Response:
 
 
 async def usage(request: Request) -> Response:
-    """A tenant's own totals, by model and day, with its key."""
-    tenant = tenant_of(request)
+    """A tenant's own totals, by model and day, with its key or its user's session."""
+    principal = await signed_in(request, gateway_of(request).store.current)
+    if principal is not None and principal.tenant is None:
+        raise InvalidRequest(f"/v1/usage is a tenant's own; as {principal.role}, read /admin/reports/costs.",
+                             "not_a_tenant")
+    tenant = principal.tenant if principal is not None and principal.tenant is not None else tenant_of(request).name
     start, end = time_range(request)
-    rows = await query(ledger_store(request).totals, start, end, ["day", "model"], tenant.name,
+    rows = await query(ledger_store(request).totals, start, end, ["day", "model"], tenant,
                        tag=parse_tag(request))
-    return json_response({"object": "usage", "tenant": tenant.name, **shown_range(start, end),
+    return json_response({"object": "usage", "tenant": tenant, **shown_range(start, end),
                           "total": with_rates(sum_rows(rows)), "data": [with_rates(r) for r in rows]})
 
 

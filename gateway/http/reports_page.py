@@ -28,19 +28,20 @@ from gateway.errors import InvalidRequest, NotPermitted, Unavailable
 from gateway.finance import heavy, labels, words
 from gateway.finance import page as finance_page
 from gateway.http.asgi import read_body, request_headers
-from gateway.http.guards import gateway_of, holds_report_token, reads_reports, sessions_of
+from gateway.http.guards import gateway_of, holds_report_token, reads_reports, sessions_of, start_session
 from gateway.http.reports import parse_tenant
 from gateway.http.responses import spooled
-from gateway.http.sessions import COOKIE, over_tls, same_origin
+from gateway.http.sessions import COOKIE, Principal, Role, same_origin
 from gateway.spend.alerts import public
 
 LOGIN_BYTES = 4096
+SIGN_IN_PAGES = {"/reports": "/reports", "/console": "/console"}  # where a sign-in or sign-out may go on to
 
 
 async def page(request: Request) -> Response:
     gw = gateway_of(request)
     if not await reads_reports(request, gw.store.current):
-        return _sign_in(lang=_lang_or_english(request))
+        return _sign_in(lang=_lang_or_english(request), sso=gw.store.current.policy.server.sso is not None)
     if gw.ledger is None:
         return HTMLResponse(finance_page.page_html("Tollgate costs", "<p>The ledger is not enabled: start the "
                                                    "gateway with a data directory.</p>"), 409)
@@ -86,17 +87,15 @@ async def login(request: Request) -> Response:
     except ValueError:
         raise InvalidRequest("The sign-in form has too many fields.", "invalid_form") from None
     token = (form.get("token") or [""])[0]
+    back = SIGN_IN_PAGES.get((form.get("next") or [""])[0], "/reports")
     snapshot = gateway_of(request).store.current
     authorization = b"Bearer " + token.encode("latin-1", "replace")
-    role = "admin" if is_admin(authorization, snapshot) else "finance" if holds_report_token(
+    role: Role | None = "admin" if is_admin(authorization, snapshot) else "finance" if holds_report_token(
         authorization, snapshot) else None
     if role is None:
         return _sign_in("That token does not open the reports.", 401, _lang_or_english(request))
-    response = RedirectResponse("/reports", 303)
-    policy = snapshot.policy.server
-    response.set_cookie(COOKIE, sessions_of(request).issue(snapshot, role), max_age=int(policy.session_s),
-                        httponly=True, samesite="strict", path="/",
-                        secure=over_tls(request, policy.trusted_proxies))
+    response = RedirectResponse(back, 303)
+    start_session(request, response, snapshot, Principal(role))
     return response
 
 
@@ -105,7 +104,7 @@ async def logout(request: Request) -> Response:
     if not same_origin(request):
         raise NotPermitted("Sign out from this gateway's own page.", "cross_origin")
     await sessions_of(request).revoke(gateway_of(request).store.current, request.cookies.get(COOKIE))
-    response = RedirectResponse("/reports", 303)
+    response = RedirectResponse(SIGN_IN_PAGES.get(request.query_params.get("next", ""), "/reports"), 303)
     response.delete_cookie(COOKIE, path="/")
     return response
 
@@ -114,9 +113,9 @@ ROUTES = [Route("/reports", page, methods=["GET"]), Route("/reports/login", logi
           Route("/reports/logout", logout, methods=["POST"])]
 
 
-def _sign_in(message: str = "", status: int = 200, lang: str = "en") -> HTMLResponse:
+def _sign_in(message: str = "", status: int = 200, lang: str = "en", sso: bool = False) -> HTMLResponse:
     with words.speaking(lang):
-        return HTMLResponse(finance_page.sign_in(message), status)
+        return HTMLResponse(finance_page.sign_in(message, sso), status)
 
 
 def _lang_or_english(request: Request) -> str:

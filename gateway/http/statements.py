@@ -31,12 +31,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.auth import admin_actor, is_admin
-from gateway.errors import Conflict, InvalidRequest, NotPermitted
+from gateway.errors import Conflict, InvalidRequest, NotAuthenticated, NotPermitted
 from gateway.finance import heavy, statements, words
 from gateway.finance.reports import parse_month
 from gateway.http.admin import audited
-from gateway.http.guards import authorization, gateway_of, require_reader
+from gateway.http.guards import gateway_of, require_admin, require_reader
 from gateway.http.reports import attachment, download_name, ledger_store, parse_tenant, query
 from gateway.http.responses import NOSNIFF, json_response, spooled
 from gateway.ledger import closes
@@ -70,7 +69,7 @@ async def statement(request: Request) -> Response:
 
 async def close_month(request: Request) -> Response:
     """Close an ended month: its statement as it stands becomes its snapshot, for good."""
-    role = await require_closer(request)
+    actor = await require_closer(request)
     gw = gateway_of(request)
     store = ledger_store(request)
     now = time.time()
@@ -78,8 +77,8 @@ async def close_month(request: Request) -> Response:
     if parse_month(month)[1].timestamp() > now:
         raise InvalidRequest(f"{month} has not ended (UTC): a month closes once it is over.", "month_not_ended",
                              param="month")
-    stored = await heavy.build(f"close {month}", statements.close, store, month, role, _inputs(gw, now))
-    await audited(request, admin_actor(authorization(request), gw.store.current), "statement.close", month,
+    stored = await heavy.build(f"close {month}", statements.close, store, month, "admin", _inputs(gw, now))
+    await audited(request, actor, "statement.close", month,
                   {"month": month, "closed_at": stored.closed_at, "total": stored.snapshot["total"]})
     return json_response(stored.statement())
 
@@ -87,8 +86,7 @@ async def close_month(request: Request) -> Response:
 async def reopen_month(request: Request) -> Response:
     """Reopen the latest closed month (a mistaken close): its snapshot goes, and its statement is read live
     again until it closes again. Answers the close that was removed."""
-    await require_closer(request)
-    gw = gateway_of(request)
+    actor = await require_closer(request)
     store = ledger_store(request)
     month = parse_month_param(request)
     closes.check_reopen(await query(closes.chain, store), month)
@@ -97,7 +95,7 @@ async def reopen_month(request: Request) -> Response:
         closes.check_reopen(await query(closes.chain, store), month)
         raise Conflict("The closed months changed at the same moment; read /admin/statements/closes and retry.",
                        "reopen_conflict")
-    await audited(request, admin_actor(authorization(request), gw.store.current), "statement.reopen", month,
+    await audited(request, actor, "statement.reopen", month,
                   {"month": month, "closed_at": removed.closed_at, "closed_by": removed.closed_by,
                    "total": removed.snapshot["total"]})
     return json_response({"object": "statement.reopened", **removed.public()})
@@ -118,12 +116,14 @@ ROUTES = [
 
 
 async def require_closer(request: Request) -> str:
-    """The admin token (the role a close records); a reader of the reports is told it may not close."""
-    snapshot = gateway_of(request).store.current
-    if is_admin(authorization(request), snapshot):
-        return "admin"
-    await require_reader(request)  # nobody known: 401; a tenant's key: 403
-    raise NotPermitted("Closing a month needs the admin token; the finance token reads statements.", "forbidden")
+    """An admin, by token or session (who, for the audit; a close records the role); a reader of the reports is
+    told it may not close."""
+    try:
+        return await require_admin(request)
+    except (NotAuthenticated, NotPermitted):
+        await require_reader(request)  # nobody known: 401; a tenant: 403
+    raise NotPermitted("Closing a month needs the admin token or an admin's sign-in; the finance token reads "
+                       "statements.", "forbidden")
 
 
 def _inputs(gw: Gateway, now: float, lang: str = "en") -> statements.Inputs:

@@ -226,14 +226,26 @@ class KeyStore(abc.ABC):
     # the byte length of a text column, in this database's SQL
     _octets = "length(CAST({} AS BLOB))"
 
+    def audit_entry(self, entry_id: str) -> dict[str, Any] | None:
+        """One entry by its id (details bounded), or None."""
+        rows = self._rows(f"SELECT {', '.join(AUDIT_COLUMNS)} FROM admin_audit WHERE id = ?", (entry_id,))
+        if not rows:
+            return None
+        rows[0]["details"] = bounded(rows[0]["details"])
+        return rows[0]
+
     def audit_page(self, start: str, end: str, limit: int, after: tuple[str, str] | None,
-                   budget: int | None) -> tuple[list[dict[str, Any]], bool]:
+                   budget: int | None, action: str | None = None) -> tuple[list[dict[str, Any]], bool]:
         """A page of the entries in [start, end), newest first, after the entry ``after`` (its (time, id): the last
         of the page before): at most ``limit`` entries whose details and ``ENTRY_OVERHEAD_BYTES`` each come to at
         most ``budget`` bytes (None: no bound), and always one. (the entries, details bounded; whether more
-        follow). The sizes are read first, in the database; an entry stored before the bound is fetched alone and
+        follow). ``action``: only entries of that action or under it (``policy``: policy.apply, policy.reject ...).
+        The sizes are read first, in the database; an entry stored before the bound is fetched alone and
         bounded before the next one is read."""
         where, args = "time >= ? AND time < ?", [start, end]
+        if action is not None:
+            where += " AND (action = ? OR action LIKE ? ESCAPE '!')"
+            args += [action, action.replace("!", "!!").replace("_", "!_").replace("%", "!%") + ".%"]
         if after is not None:
             where += " AND (time < ? OR (time = ? AND id < ?))"
             args += [after[0], after[0], after[1]]

@@ -567,6 +567,18 @@ class PolicyStore:
             except Exception:  # a watcher's failure is its own: the reload stands
                 log.exception("a policy file watcher failed")
 
+    async def check_text(self, text: str, source: str = "admin API",
+                         lines_from: str | None = None) -> PolicySnapshot:
+        """What ``apply_text`` would make live, checked as it checks it, and nothing applied or recorded: raises
+        PolicyError with every problem."""
+        snapshot = await parse_elsewhere(text, source, lines_from)
+        policy = snapshot.policy
+        if self.current.policy.server.admin_token_sha256 and policy.server.admin_token_sha256 is None:
+            raise PolicyError([("server.admin_token_sha256", "removing the admin token through the admin API "
+                                "would lock the admin API out; edit the policy file to do that")])
+        self._refuse_restart_only(policy)
+        return snapshot
+
     async def apply_text(self, text: str, source: str = "admin API",
                          lines_from: str | None = None) -> dict[str, list[str]]:
         """Validate text and make it live, then write it to the policy file so a restart keeps it.
@@ -575,12 +587,7 @@ class PolicyStore:
         file to do that). The file is written only once the policy is live: to a temporary file first, the
         previous file kept as ``<name>.bak``, then renamed into place (atomic on POSIX)."""
         try:
-            snapshot = await parse_elsewhere(text, source, lines_from)
-            policy = snapshot.policy
-            if self.current.policy.server.admin_token_sha256 and policy.server.admin_token_sha256 is None:
-                raise PolicyError([("server.admin_token_sha256", "removing the admin token through the admin API "
-                                    "would lock the admin API out; edit the policy file to do that")])
-            self._refuse_restart_only(policy)
+            snapshot = await self.check_text(text, source, lines_from)
         except PolicyError as exc:
             self.reject(exc, source)
             raise

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from datetime import date
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     AnyHttpUrl,
@@ -229,6 +230,54 @@ class ModelRoute(Strict):
     fallbacks_for_batch: bool = Field(False, description="batch lines may fall back too (they can wait instead)")
 
 
+class SsoRoles(Strict):
+    """Who a signed-in person is, from one claim of the provider's ID token (a string or a list of strings: the
+    person's groups): a group listed under ``admin`` makes an admin (the console, every admin route and the cost
+    reports), under ``finance`` a finance reader (the cost reports and statements), under ``tenants`` that
+    tenant's own user (its usage, nothing else). The first that applies, in that order; a person in no listed
+    group is refused, and one whose groups name two tenants too."""
+
+    claim: str = Field("groups", min_length=1, max_length=128)
+    admin: list[str] = Field(default_factory=list)
+    finance: list[str] = Field(default_factory=list)
+    tenants: dict[str, Name] = Field(default_factory=dict, description="group -> tenant")
+
+
+class Sso(Strict):
+    """Single sign-on through an OpenID Connect provider (authorization code with PKCE) for the console and the
+    finance page; the tokens keep working for automation. Read at each sign-in: a change signs every single-sign-on
+    session out (a session is bound to the issuer, the client and the role mapping it was made under)."""
+
+    issuer: str = Field(min_length=1, max_length=512, description="the provider's issuer URL: its "
+                        "/.well-known/openid-configuration is read at the first sign-in (https, or http to "
+                        "this host only)")
+    client_id: str = Field(min_length=1, max_length=256)
+    client_secret: str | None = Field(None, max_length=1024, description="a confidential client's secret "
+                                      "(redacted as the admin API shows the policy); none: a public client")
+    scopes: list[str] = Field(default_factory=lambda: ["openid", "email", "profile"])
+    name_claim: str = Field("email", min_length=1, max_length=128, description="the claim the audit log names "
+                            "a person by (``sub`` when it is missing)")
+    roles: SsoRoles = SsoRoles()
+
+    @field_validator("issuer")
+    @classmethod
+    def _issuer(cls, value: str) -> str:
+        parsed = urlsplit(value)
+        local = parsed.hostname in ("localhost", "127.0.0.1", "::1")
+        if parsed.scheme != "https" and not (parsed.scheme == "http" and local):
+            raise ValueError("must be an https URL (http only to this host: localhost, 127.0.0.1, ::1)")
+        if parsed.query or parsed.fragment or parsed.username or parsed.password:
+            raise ValueError("an issuer is a URL with no query, fragment or user")
+        return value.rstrip("/")
+
+    @field_validator("scopes")
+    @classmethod
+    def _openid(cls, value: list[str]) -> list[str]:
+        if "openid" not in value:
+            raise ValueError("must include openid")
+        return value
+
+
 class Server(Strict):
     """The HTTP server's limits (read at start; a reload changes the body limit and tokens at once, the rest at
     the next start) and the admin and metrics tokens."""
@@ -247,12 +296,14 @@ class Server(Strict):
     max_connections: int = Field(4096, ge=1, description="concurrent connections (and requests); more get 503")
     tenant_max_concurrency: int = Field(512, ge=1, description="requests in flight per tenant; more get 429")
     shutdown_grace_s: float = Field(30.0, ge=0, description="on SIGTERM, how long answers in flight may take")
-    session_s: float = Field(8 * 3600, ge=60, le=30 * 86400, description="how long a finance page sign-in lasts")
+    session_s: float = Field(8 * 3600, ge=60, le=30 * 86400, description="how long a sign-in (console, finance "
+                              "page) lasts")
     trusted_proxies: list[IPvAnyNetwork] = Field(
         default_factory=list,
         description="the proxies in front (e.g. nginx on this host: 127.0.0.1/32) whose X-Forwarded-For (the "
         "audit's client address) and X-Forwarded-Proto (the sign-in cookie is Secure behind TLS) are believed; "
         "none by default: from any other peer, loopback too (a port-forward, a sidecar), they are its word only")
+    sso: Sso | None = Field(None, description="OpenID Connect sign-in for the console and the finance page")
 
     @field_validator("admin_token_sha256", "metrics_token_sha256", "finance_token_sha256")
     @classmethod
@@ -607,6 +658,10 @@ def cross_reference_errors(policy: Policy) -> list[tuple[str, str]]:
     for name in policy.prices.models:
         if name not in policy.models:
             errors.append((f"prices.models.{name}", f"model '{name}' is not defined under models"))
+    sso = policy.server.sso
+    for group, named in (sso.roles.tenants.items() if sso is not None else ()):
+        if named not in policy.tenants:
+            errors.append((f"server.sso.roles.tenants.{group}", f"tenant '{named}' is not defined under tenants"))
     for tier, rules in policy.tiers.items():
         if rules.max_tokens_default > rules.max_tokens_cap:
             errors.append((f"tiers.{tier}.max_tokens_default", "must not exceed max_tokens_cap"))

@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"gateway.http.reports_page"},
     {"gateway.http.gpu_reports", "gateway.http.statements"},
     {"gateway.http.admin", "gateway.http.keys_api", "gateway.http.reports", "gateway.http.batch_api",
-     "gateway.http.objects"},
+     "gateway.http.objects", "gateway.http.console", "gateway.http.sso"},
     {"gateway.http.guards"},
     {"gateway.http.asgi", "gateway.http.responses", "gateway.http.errors"},
     {"gateway.batches.runner", "gateway.batches.audit"},

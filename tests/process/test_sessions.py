@@ -12,7 +12,7 @@ import httpx
 import redis
 
 from gateway.http import sessions as sessions_
-from gateway.http.sessions import COOKIE, Sessions
+from gateway.http.sessions import COOKIE, Principal, Sessions
 from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Policy, StatePolicy
 from gateway.state import SharedState
@@ -25,35 +25,36 @@ def snapshot() -> PolicySnapshot:
 
 def forgeries(real: str) -> list[str]:
     """Cookies a caller can make without the key: from nothing, and from a real one with a part changed."""
-    role, token_id, expires, nonce, signature = real.split(".")
-    return ["", "x", "a.b.c.d.e", f"finance.{token_id}.99999999999.{'n' * 16}.{'0' * 32}",
-            f"{role}.{token_id}.{int(expires) + 10**9}.{nonce}.{signature}",  # a later expiry, the old signature
-            f"{role}.{token_id}.{expires}.other-nonce.{signature}",
-            f"{role}.{token_id}.{expires}.{nonce}.{'f' * 32}", real + "x", "." * 255]
+    role, token_id, expires, nonce, who, signature = real.split(".")
+    return ["", "x", "a.b.c.d.e.f", f"finance.{token_id}.99999999999.{'n' * 16}.-.{'0' * 32}",
+            f"{role}.{token_id}.{int(expires) + 10**9}.{nonce}.{who}.{signature}",  # a later expiry, the old signature
+            f"{role}.{token_id}.{expires}.other-nonce.{who}.{signature}",
+            f"admin.{token_id}.{expires}.{nonce}.{who}.{signature}",  # another role, the old signature
+            f"{role}.{token_id}.{expires}.{nonce}.{who}.{'f' * 32}", real + "x", "." * 255]
 
 
 def test_a_forged_or_expired_cookie_signs_out_nothing() -> None:
     async def main() -> None:
         snap, sessions = snapshot(), Sessions(None, None)
-        real = sessions.issue(snap, "finance", now=1_000.0)
+        real = sessions.issue(snap, Principal("finance"), now=1_000.0)
         for cookie in forgeries(real) * 100 + [None]:
             assert await sessions.revoke(snap, cookie, now=1_000.0) is False
         assert await sessions.revoke(snap, real, now=1_000.0 + 8 * 3600) is False, "expired: nothing to end"
         assert await Sessions(None, None).revoke(snap, real, now=1_000.0) is False, "another gateway's key"
         assert sessions.revocations == 0
-        assert await sessions.role(snap, real, now=1_001.0) == "finance", "the real session still holds"
+        assert await sessions.principal(snap, real, now=1_001.0) == Principal("finance"), "the real session still holds"
     asyncio.run(main())
 
 
 def test_a_sign_out_holds_until_the_session_expires_then_is_dropped() -> None:
     async def main() -> None:
         snap, sessions = snapshot(), Sessions(None, None)
-        ended = sessions.issue(snap, "finance", now=1_000.0)
+        ended = sessions.issue(snap, Principal("finance"), now=1_000.0)
         assert await sessions.revoke(snap, ended, now=1_010.0) is True
         assert await sessions.revoke(snap, ended, now=1_020.0) is True and sessions.revocations == 1, "once"
-        assert await sessions.role(snap, ended, now=1_011.0) is None, "signed out"
-        assert await sessions.role(snap, ended, now=1_000.0 + 8 * 3600 - 1) is None, "until its expiry"
-        later = sessions.issue(snap, "admin", now=1_000.0 + 8 * 3600)
+        assert await sessions.principal(snap, ended, now=1_011.0) is None, "signed out"
+        assert await sessions.principal(snap, ended, now=1_000.0 + 8 * 3600 - 1) is None, "until its expiry"
+        later = sessions.issue(snap, Principal("admin"), now=1_000.0 + 8 * 3600)
         assert await sessions.revoke(snap, later, now=1_000.0 + 8 * 3600) is True
         assert sessions.revocations == 1, "the first one's session is over: its sign-out is dropped"
     asyncio.run(main())
@@ -62,12 +63,14 @@ def test_a_sign_out_holds_until_the_session_expires_then_is_dropped() -> None:
 def test_the_sign_outs_held_here_are_capped() -> None:
     async def main() -> None:
         snap, sessions = snapshot(), Sessions(None, None)
-        cookies = [sessions.issue(snap, "finance", now=1_000.0 + i) for i in range(sessions_.REVOKED_MAX + 5)]
+        cookies = [sessions.issue(snap, Principal("finance"), now=1_000.0 + i)
+                   for i in range(sessions_.REVOKED_MAX + 5)]
         for cookie in cookies:
             assert await sessions.revoke(snap, cookie, now=1_000.0)
         assert sessions.revocations == sessions_.REVOKED_MAX and sessions.let_go == 5
-        assert await sessions.role(snap, cookies[-1], now=1_000.0) is None, "the latest sign-outs are kept"
-        assert await sessions.role(snap, cookies[0], now=1_000.0) == "finance", "the one ending soonest went"
+        assert await sessions.principal(snap, cookies[-1], now=1_000.0) is None, "the latest sign-outs are kept"
+        assert await sessions.principal(snap, cookies[0], now=1_000.0) == Principal("finance"), \
+            "the one ending soonest went"
     asyncio.run(main())
 
 
@@ -98,7 +101,7 @@ def test_a_sign_out_in_redis_lasts_the_cookies_remaining_life(start_gateway: Cal
             mine = Sessions(None, state)
             await mine.start()  # the gateway's key, from Redis
             await state.close()
-            return mine.issue(snapshot(), "finance", now=time.time() - 9 * 3600)
+            return mine.issue(snapshot(), Principal("finance"), now=time.time() - 9 * 3600)
 
         for cookie in [*forgeries(real), asyncio.run(expired_but_signed())]:
             out = client.post("/reports/logout", headers={"cookie": f"{COOKIE}={cookie}"})

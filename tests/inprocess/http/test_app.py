@@ -150,17 +150,17 @@ def test_the_finance_sign_in_is_a_session_not_the_token() -> None:
 
 def test_a_session_ends_when_it_expires_or_its_token_is_rotated() -> None:
     from gateway.auth import hash_key
-    from gateway.http.sessions import Sessions
+    from gateway.http.sessions import Principal, Sessions
 
     async def main() -> None:
         policy = policy_dict(["http://127.0.0.1:9"])
         snapshot = PolicySnapshot.build(Policy.model_validate(policy), "test")
         sessions = Sessions(None, None)
-        cookie = sessions.issue(snapshot, "finance", now=1_000.0)
-        assert await sessions.role(snapshot, cookie, now=1_000.0 + 3600) == "finance"
-        assert await sessions.role(snapshot, cookie, now=1_000.0 + 8 * 3600 + 1) is None, "expired"
+        cookie = sessions.issue(snapshot, Principal("finance"), now=1_000.0)
+        assert await sessions.principal(snapshot, cookie, now=1_000.0 + 3600) == Principal("finance")
+        assert await sessions.principal(snapshot, cookie, now=1_000.0 + 8 * 3600 + 1) is None, "expired"
         policy["server"]["finance_token_sha256"] = "sha256:" + hash_key("tg-rotated")
         rotated = PolicySnapshot.build(Policy.model_validate(policy), "test")
-        assert await sessions.role(rotated, cookie, now=1_000.0) is None, "the token it was made with is gone"
-        assert await Sessions(None, None).role(snapshot, cookie, now=1_000.0) is None, "another key: not ours"
+        assert await sessions.principal(rotated, cookie, now=1_000.0) is None, "the token it was made with is gone"
+        assert await Sessions(None, None).principal(snapshot, cookie, now=1_000.0) is None, "another key: not ours"
     asyncio.run(main())
