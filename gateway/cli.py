@@ -466,23 +466,26 @@ def cmd_keys_new(args: argparse.Namespace) -> None:
 
 
 def _admin_call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None,
-                params: dict[str, str] | None = None) -> Any:
-    """One call to a running gateway's admin API; exits with its error in plain words when it fails."""
+                params: dict[str, Any] | None = None, content: bytes | None = None) -> Any:
+    """One call to a running gateway's admin API; exits with its error in plain words when it fails (a refused
+    policy: each problem on a line of its own, with its path and line)."""
+    what = f"tollgate {args.command_label}"
     token = args.token or os.environ.get("TOLLGATE_ADMIN_TOKEN")
     if not token:
-        sys.exit(f"tollgate keys {args.keys_command}: give --token or set TOLLGATE_ADMIN_TOKEN")
+        sys.exit(f"{what}: give --token or set TOLLGATE_ADMIN_TOKEN")
     try:
-        response = httpx.request(method, args.url.rstrip("/") + path, json=body, params=params,
-                                 headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        response = httpx.request(method, args.url.rstrip("/") + path, json=body, params=params, content=content,
+                                 headers={"Authorization": f"Bearer {token}"}, timeout=60)
     except httpx.HTTPError as exc:
-        sys.exit(f"tollgate keys {args.keys_command}: {args.url} did not answer: {exc}")
+        sys.exit(f"{what}: {args.url} did not answer: {exc}")
     if response.status_code >= 400:
         try:
-            message = response.json()["error"]["message"]
+            error = response.json()["error"]
+            message = error["message"] + "".join(f"\n  {d['path']}: {d['message']}" for d in error.get("details") or [])
         except (ValueError, KeyError, TypeError):
             message = response.text[:500]
-        sys.exit(f"tollgate keys {args.keys_command}: HTTP {response.status_code}: {message}")
-    return response.json()
+        sys.exit(f"{what}: HTTP {response.status_code}: {message}")
+    return response.json() if "json" in response.headers.get("content-type", "") else response.text
 
 
 def _seconds(text: str) -> float:
@@ -584,6 +587,87 @@ def cmd_keys_expire(args: argparse.Namespace) -> None:
     _print_key(_admin_call(args, "PATCH", f"/admin/keys/{args.id}", body), args.json)
 
 
+def cmd_policy_get(args: argparse.Namespace) -> None:
+    print(_admin_call(args, "GET", "/admin/policy", params={"format": "yaml"}), end="")
+
+
+def cmd_policy_push(args: argparse.Namespace) -> None:
+    """diff (a dry run) or apply: the file sent as it is; what changes (or would), path by path."""
+    text = Path(args.file).read_bytes()
+    dry = args.policy_command == "diff"
+    answer = _admin_call(args, "PUT", "/admin/policy", params={"dry_run": "true"} if dry else None, content=text)
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return
+    changes = answer["changes"]
+    verb = "would change" if dry else "changed"
+    print(f"{len(changes) if changes else 'nothing'} {'path' if len(changes) == 1 else 'paths'} {verb}"
+          + (f" (of {answer['changes_total']})" if answer["changes_total"] > len(changes) else "")
+          + ("" if dry else f"; live digest {answer['digest'][:12]}"))
+    _print_changes(changes)
+
+
+def cmd_policy_history(args: argparse.Namespace) -> None:
+    entries = _admin_call(args, "GET", "/admin/audit", params={"action": "policy", "limit": args.limit})["data"]
+    if args.json:
+        print(json.dumps(entries, indent=2))
+        return
+    from rich.console import Console
+
+    rows = [[e["id"], e["time"][:19].replace("T", " "), e["action"], e["actor"],
+             _summary(e["details"])] for e in entries]
+    Console().print(fitted("Policy changes, newest first", ["entry"], ["time (UTC)", "action", "by", "paths"], rows,
+                           Console().width, numbers=False))
+    print("Undo one: tollgate policy rollback <entry>")
+
+
+def cmd_policy_rollback(args: argparse.Namespace) -> None:
+    answer = _admin_call(args, "POST", "/admin/policy/rollback", {"entry": args.entry})
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return
+    print(f"rolled back; live digest {answer['digest'][:12]}")
+    _print_changes(answer["changes"])
+
+
+def cmd_audit(args: argparse.Namespace) -> None:
+    params = {k: v for k, v in (("action", args.action), ("from", args.start), ("to", args.end),
+                                ("limit", args.limit)) if v}
+    entries = _admin_call(args, "GET", "/admin/audit", params=params)["data"]
+    if args.json:
+        print(json.dumps(entries, indent=2))
+        return
+    from rich.console import Console
+
+    rows = [[e["time"][:19].replace("T", " "), e["action"], e["actor"], e.get("client") or "-",
+             e.get("target") or "-", _summary(e["details"])] for e in entries]
+    Console().print(fitted("The audit log, newest first", ["time (UTC)"], ["action", "by", "client", "target",
+                                                                           "what"], rows, Console().width,
+                           numbers=False))
+
+
+def _summary(details: dict[str, Any]) -> str:
+    if "changes" in details:
+        paths = [c["path"] for c in details["changes"]]
+        return ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "") or "-"
+    if "errors" in details:
+        return "refused: " + ", ".join(details["errors"][:3])
+    return ", ".join(f"{k}={v}" for k, v in details.items() if isinstance(v, str | int | float))[:80] or "-"
+
+
+def _print_changes(changes: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+
+    if not changes:
+        return
+
+    def shown(value: Any) -> str:
+        return "-" if value is None else value if isinstance(value, str) else json.dumps(value)
+
+    rows = [[c["path"], c["change"], shown(c.get("old")), shown(c.get("new"))] for c in changes]
+    Console().print(fitted("Changes", ["path"], ["change", "old", "new"], rows, Console().width, numbers=False))
+
+
 def cmd_worker_render(args: argparse.Namespace) -> None:
     from gateway.policy.loader import PolicyError, load_file
     from workers.vllm.render import container_args, shell_command
@@ -647,6 +731,34 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file")
     check.set_defaults(func=cmd_policy_check)
 
+    def admin_api(parent: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+        """A subcommand that calls a running gateway's admin API."""
+        command: argparse.ArgumentParser = parent.add_parser(name, help=help_text)
+        command.add_argument("--url", default="http://127.0.0.1:8080")
+        command.add_argument("--token", help="the admin token (or env TOLLGATE_ADMIN_TOKEN)")
+        command.add_argument("--json", action="store_true", help="the API's answer as JSON")
+        return command
+    admin_api(policy, "get", "the live policy of a running gateway, as YAML (secrets redacted)").set_defaults(
+        func=cmd_policy_get)
+    for name, help_text in (("diff", "what a policy file would change on a running gateway (a dry run)"),
+                            ("apply", "make a policy file live on a running gateway (audited)")):
+        push = admin_api(policy, name, help_text)
+        push.add_argument("file", help="YAML or JSON; <redacted> values, as `policy get` shows them, keep the "
+                          "live ones")
+        push.set_defaults(func=cmd_policy_push)
+    history = admin_api(policy, "history", "the policy's changes from the audit log, newest first")
+    history.add_argument("--limit", type=int, default=20)
+    history.set_defaults(func=cmd_policy_history)
+    rollback = admin_api(policy, "rollback", "undo one change (an entry of `policy history`) on the live policy")
+    rollback.add_argument("entry")
+    rollback.set_defaults(func=cmd_policy_rollback)
+    audit = admin_api(sub, "audit", "the audit log of a running gateway: who changed what, when, from where")
+    audit.add_argument("--action", help="an action or its first part: policy, key, cache, statement ...")
+    audit.add_argument("--from", dest="start", help="ISO date or time (UTC)")
+    audit.add_argument("--to", dest="end", help="ISO date (inclusive) or time")
+    audit.add_argument("--limit", type=int, default=50)
+    audit.set_defaults(func=cmd_audit)
+
     costs = sub.add_parser("costs", help="spend by tenant/model/day/tier/key from a running gateway")
     costs.add_argument("--url", default="http://127.0.0.1:8080")
     costs.add_argument("--token", help="finance or admin token (or env TOLLGATE_FINANCE_TOKEN)")
@@ -676,12 +788,7 @@ def build_parser() -> argparse.ArgumentParser:
     new.set_defaults(func=cmd_keys_new)
 
     def runtime(name: str, help_text: str) -> argparse.ArgumentParser:
-        """A subcommand that calls a running gateway's admin API."""
-        command = keys.add_parser(name, help=help_text)
-        command.add_argument("--url", default="http://127.0.0.1:8080")
-        command.add_argument("--token", help="the admin token (or env TOLLGATE_ADMIN_TOKEN)")
-        command.add_argument("--json", action="store_true", help="the API's answer as JSON")
-        return command
+        return admin_api(keys, name, help_text)
     create = runtime("create", "make a key on a running gateway (stored hashed; printed once)")
     create.add_argument("--tenant", required=True)
     create.add_argument("--name", help="a label for people")
@@ -739,6 +846,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    sub = getattr(args, f"{args.command}_command", None)
+    args.command_label = f"{args.command} {sub}" if sub else args.command  # for its messages
     try:
         args.func(args)
     except KeyboardInterrupt:

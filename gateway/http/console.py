@@ -37,7 +37,7 @@ body{font-family:system-ui,-apple-system,"Segoe UI","Noto Sans KR","Apple SD Got
 header{display:flex;gap:1em;align-items:center;padding:.6em 1.2em;background:#1d2430;color:#fff}
 header b{font-size:1.1em}header nav{display:flex;gap:.3em;flex:1}header a{color:#cfe0ff}
 header nav button{background:none;border:0;color:#cfe0ff;padding:.4em .7em;cursor:pointer;font:inherit}
-header nav button.active{background:#3b6ea5;color:#fff;border-radius:4px}
+header nav button.active{background:#3b6ea5;color:#fff;border-radius:4px}header nav a{padding:.4em .7em}
 header form{margin:0}main{padding:1em 1.5em}
 table{border-collapse:collapse;background:#fff;margin:.5em 0}th,td{border:1px solid #dde1e7;padding:.3em .6em;
 text-align:left;vertical-align:top}th{background:#eef1f5}td.num{text-align:right;font-variant-numeric:tabular-nums}

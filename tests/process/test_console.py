@@ -46,15 +46,15 @@ def test_a_key_made_used_watched_and_revoked(start_gateway: Callable[..., Proc],
         signed_in(page, gateway)
         page.wait_for_selector("[data-testid=create-key]")
         page.select_option("select[name=tenant]", "demo")
-        page.fill("input[name=name]", "support-bot <b>eu</b>")  # shown as text, never as markup
+        page.fill("input[name=name]", "support-bot")
         page.fill("input[name=budget]", "5")
         page.fill("input[name=rpm]", "120")
         page.click("[data-testid=create-key] button[type=submit]")
         key = page.inner_text("[data-testid=new-key]")
         assert len(key) >= 32 and key not in page.content().replace(key, "", 1), "shown once, in one place"
         row = page.locator("[data-testid=key-row]", has_text="support-bot")
-        assert row.locator("[data-testid=key-name]").inner_text() == "support-bot <b>eu</b>"
-        assert row.locator("[data-testid=key-status]").inner_text() == "active"
+        assert row.locator("[data-testid=key-name]").inner_text() == "support-bot"
+        assert row.locator("[data-testid=key-status]").get_attribute("data-status") == "active"
         key_id = row.get_attribute("data-key-id")
         assert key_id
 
@@ -76,6 +76,15 @@ def test_a_key_made_used_watched_and_revoked(start_gateway: Callable[..., Proc],
         assert "5.00 / month" in row.inner_text()
         page.screenshot(path=str(shots / "console-keys.png"), full_page=True)
 
+        # what a key's name holds is shown as text, never read as markup
+        hostile = '<img src=x onerror="document.title=1">'
+        made = httpx.post(f"{gateway.url}/admin/keys", headers=ADMIN, json={"tenant": "demo", "name": hostile})
+        assert made.status_code == 201, made.text
+        page.click("[data-testid=tab-tenants]")
+        page.click("[data-testid=tab-keys]")
+        assert page.locator("[data-testid=key-name]", has_text="onerror").inner_text() == hostile
+        assert page.locator("main img").count() == 0 and page.title() != "1"
+
         row.locator("[data-testid=revoke]").click()
         page.wait_for_selector(f"[data-testid=key-row][data-key-id='{key_id}'] .status-revoked")
         with pytest.raises(openai.AuthenticationError, match="revoked"):
@@ -84,6 +93,11 @@ def test_a_key_made_used_watched_and_revoked(start_gateway: Callable[..., Proc],
         page.wait_for_selector("[data-testid=audit-row]")
         audit = page.inner_text("[data-testid=audit-table]")
         assert "key.revoke" in audit and "key.create" in audit
+
+        page.goto(f"{gateway.url}/console?lang=ko#keys")  # in Korean: the words, and Hangul drawn in a Korean face
+        page.wait_for_selector("[data-testid=keys-table]")
+        assert page.inner_text("[data-testid=tab-keys]") == "키" and "이번 달 지출" in page.inner_text("main")
+        page.screenshot(path=str(shots / "console-keys-ko.png"), full_page=True)
         browser.close()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -153,3 +154,57 @@ def test_a_key_given_twice_is_refused_by_policy_check_and_by_the_admin_api(
     assert gw.extra["policy_path"].read_text() == before, "nothing was written"
     status = httpx.get(gw.url + "/admin/policy/status", headers=admin, timeout=10).json()
     assert status["reloads_failed"] == 1 and "given twice" in status["last_error"]
+
+
+def test_the_policy_round_trip_from_the_command_line(start_gateway: Callable[..., Proc],
+                                                     start_sim: Callable[..., Proc], tmp_path: Path) -> None:
+    """get, edit, diff (nothing applied), apply, history, rollback, audit: against a running gateway, with the
+    token from the environment; a mistake is refused with its path and line."""
+    gateway = start_gateway(policy_dict([start_sim().url]))
+    env = {"TOLLGATE_ADMIN_TOKEN": ADMIN_TOKEN}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gateway", *args, "--url", gateway.url], cwd=ROOT, text=True,
+                              capture_output=True, timeout=60, env={**os.environ, **env,
+                                                                    "COLUMNS": "160"})
+
+    def live_cap() -> int:
+        policy = httpx.get(gateway.url + "/admin/policy", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).json()
+        return int(policy["tenants"]["demo"]["max_tokens_cap"] or 0)
+
+    got = cli("policy", "get")
+    assert got.returncode == 0 and "<redacted>" in got.stdout, got.stderr
+    live = yaml.safe_load(got.stdout)
+    live["tenants"]["demo"]["max_tokens_cap"] = 777
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump(live, sort_keys=False))
+
+    diffed = cli("policy", "diff", str(edited))
+    assert diffed.returncode == 0 and "1 path would change" in diffed.stdout, diffed.stdout + diffed.stderr
+    assert "tenants.demo.max_tokens_cap" in diffed.stdout and "777" in diffed.stdout
+    assert live_cap() == 0, "a diff applies nothing"
+
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text(edited.read_text().replace("max_tokens_cap: 777", "max_tokens_cap: lots"))
+    refused = cli("policy", "apply", str(wrong))
+    line = next(i for i, text in enumerate(wrong.read_text().splitlines(), 1) if "lots" in text)
+    assert refused.returncode != 0 and "tenants.demo.max_tokens_cap" in refused.stderr
+    assert f"(line {line})" in refused.stderr, refused.stderr
+
+    applied = cli("policy", "apply", str(edited))
+    assert applied.returncode == 0 and "1 path changed" in applied.stdout, applied.stderr
+    assert live_cap() == 777
+    history = cli("policy", "history", "--json")
+    entries = json.loads(history.stdout)
+    assert [e["action"] for e in entries] == ["policy.apply", "policy.reject"]
+    table = cli("policy", "history")
+    assert entries[0]["id"] in table.stdout and "tenants.demo.max_tokens_cap" in table.stdout
+
+    undone = cli("policy", "rollback", entries[0]["id"])
+    assert undone.returncode == 0 and "rolled back" in undone.stdout, undone.stderr
+    assert live_cap() == 0
+    again = cli("policy", "rollback", entries[0]["id"])
+    assert again.returncode != 0 and "changed again since" in again.stderr, "the same change cannot be undone twice"
+    audit = cli("audit", "--action", "policy", "--json")
+    assert [e["action"] for e in json.loads(audit.stdout)] == ["policy.rollback", "policy.apply", "policy.reject"]
+    assert "policy.rollback" in cli("audit").stdout

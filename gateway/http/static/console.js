@@ -26,7 +26,9 @@ const WORDS = {
     day: "Day", model: "Model", tokens_in: "Input tokens", tokens_out: "Output tokens", live: "Live: every 2 s",
     confirm_revoke: "Revoke this key? Requests with it are refused from now on.",
     confirm_rollback: "Undo this change on the live policy?", scope: "Scope", line: "line",
-    signed_in_as: "Signed in as",
+    signed_in_as: "Signed in as", expires_col: "Expires", models_col: "Models", budget_col: "Budget",
+    status_active: "active", status_revoked: "revoked", status_expired: "expired", per_month: "month",
+    per_day: "day",
   },
   ko: {
     keys: "키", tenants: "테넌트", policy: "정책", queues: "대기열", cache: "캐시", audit: "감사 로그",
@@ -45,7 +47,8 @@ const WORDS = {
     none: "아직 없습니다.", day: "날짜", model: "모델", tokens_in: "입력 토큰", tokens_out: "출력 토큰",
     live: "2초마다 갱신", confirm_revoke: "이 키를 폐기할까요? 지금부터 이 키의 요청은 거부됩니다.",
     confirm_rollback: "이 변경을 현재 정책에서 되돌릴까요?", scope: "범위", line: "줄",
-    signed_in_as: "로그인:",
+    signed_in_as: "로그인:", expires_col: "만료", models_col: "모델", budget_col: "예산",
+    status_active: "사용 중", status_revoked: "폐기됨", status_expired: "만료됨", per_month: "월", per_day: "일",
   },
 };
 const T = WORDS[LANG];
@@ -157,10 +160,12 @@ async function keysView() {
   });
   const rows = listed.data.map((k) => el("tr", {testid: "key-row", "data-key-id": k.id},
     el("td", {testid: "key-name"}, k.name), el("td", {}, el("code", {}, k.id)), el("td", {}, k.tenant),
-    el("td", {testid: "key-status", class: `status-${k.status}`}, k.status),
-    el("td", {class: "num"}, k.budget ? `${usd(k.budget.limit_usd)} / ${k.budget.period}` : "—"),
+    el("td", {testid: "key-status", "data-status": k.status, class: `status-${k.status}`},
+      T[`status_${k.status}`] || k.status),
+    el("td", {class: "num"}, k.budget ? `${usd(k.budget.limit_usd)} / ${T[`per_${k.budget.period}`]}` : "—"),
     el("td", {class: "num", testid: "key-spent"}, usd(spent[k.id] || 0)),
-    el("td", {}, k.rate_limit ? Object.entries(k.rate_limit).map(([n, v]) => `${v} ${n}`).join(", ") : "—"),
+    el("td", {}, k.rate_limit ? Object.entries(k.rate_limit).map(([n, v]) =>
+      `${v} ${n === "requests_per_minute" ? "rpm" : "tpm"}`).join(", ") : "—"),
     el("td", {}, k.models ? k.models.join(", ") : "*"),
     el("td", {}, k.expires_at || "—"),
     el("td", {}, k.status === "active" ? [
@@ -179,7 +184,7 @@ async function keysView() {
         await show("keys");
       })}, T.expire)] : null)));
   main.replaceChildren(form, made, el("h2", {}, T.keys),
-    table([T.name, "id", T.tenant, T.status, T.budget, T.spent, T.rpm, T.models, T.expires, T.actions], rows,
+    table([T.name, "id", T.tenant, T.status, T.budget_col, T.spent, T.limits, T.models_col, T.expires_col, T.actions], rows,
       "keys-table"));
 }
 
