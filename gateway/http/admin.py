@@ -43,7 +43,15 @@ from gateway.http.responses import json_response
 from gateway.keys.model import key_id, unsafe_character
 from gateway.keys.service import KeyService
 from gateway.ledger import times
-from gateway.policy.loader import MAX_POLICY_BYTES, FileReload, PolicyError, PolicyStore, load_yaml
+from gateway.policy.loader import (
+    MAX_POLICY_BYTES,
+    FileReload,
+    PolicyChanged,
+    PolicyError,
+    PolicySnapshot,
+    PolicyStore,
+    load_yaml,
+)
 from gateway.policy.schema import Policy
 from gateway.spend.alerts import public
 
@@ -278,23 +286,26 @@ def policy_changes(old: Policy, new: Policy) -> tuple[list[dict[str, Any]], int]
     return found[:MAX_AUDITED_CHANGES], len(found)
 
 
-def _changes(a: Any, b: Any, shown_a: Any, shown_b: Any, prefix: str, out: list[dict[str, Any]]) -> None:
+def _changes(a: Any, b: Any, shown_a: Any, shown_b: Any, prefix: str, out: list[dict[str, Any]],
+             keys: tuple[str | int, ...] = ()) -> None:
     """gateway.policy.loader.diff's walk, over the raw values (a changed secret is a change) beside the shown
-    ones (what the entry says). Redaction replaces leaves only, so the two trees have one shape."""
+    ones (what the entry says). Redaction replaces leaves only, so the two trees have one shape. Each change names
+    its ``path`` dotted, for people, and its ``keys`` one by one (a name may hold dots), for a rollback."""
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b), key=str):
             path = f"{prefix}.{key}" if prefix else str(key)
+            where = [*keys, key]
             if key not in a:
-                out.append({"path": path, "change": "added", "new": _bounded(shown_b[key])})
+                out.append({"path": path, "keys": where, "change": "added", "new": _bounded(shown_b[key])})
             elif key not in b:
-                out.append({"path": path, "change": "removed", "old": _bounded(shown_a[key])})
+                out.append({"path": path, "keys": where, "change": "removed", "old": _bounded(shown_a[key])})
             else:
-                _changes(a[key], b[key], shown_a[key], shown_b[key], path, out)
+                _changes(a[key], b[key], shown_a[key], shown_b[key], path, out, (*keys, key))
     elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _changes(x, y, shown_a[i], shown_b[i], f"{prefix}.{i}", out)
+            _changes(x, y, shown_a[i], shown_b[i], f"{prefix}.{i}", out, (*keys, i))
     elif a != b:
-        out.append({"path": prefix or "<root>", "change": "changed", "old": _bounded(shown_a),
+        out.append({"path": prefix or "<root>", "keys": list(keys), "change": "changed", "old": _bounded(shown_a),
                     "new": _bounded(shown_b)})
 
 
@@ -345,13 +356,19 @@ async def _checked(store: PolicyStore, written: str) -> Response:
     return json_response({"status": "valid", "digest": after.digest, "changes": valued, "changes_total": total})
 
 
-async def _applied(request: Request, actor: str, written: str, action: str, extra: dict[str, Any]) -> Response:
-    """Make ``written`` the live policy, recording it (or its refusal) in the audit log as ``action``."""
+async def _applied(request: Request, actor: str, written: str, action: str, extra: dict[str, Any],
+                   expected: PolicySnapshot | None = None) -> Response:
+    """Make ``written`` the live policy, recording it (or its refusal) in the audit log as ``action``; with
+    ``expected``, only while that is still the live policy (409 ``policy_changed`` otherwise)."""
     store = gateway_of(request).store
-    before = store.current
+    before = expected or store.current
     try:
         text = await _live_values_in(written, before.policy)
-        changes = await store.apply_text(text, lines_from=written if text is not written else None)
+        changes = await store.apply_text(text, lines_from=written if text is not written else None,
+                                         expected=expected.digest if expected is not None else None)
+    except PolicyChanged:
+        raise Conflict("The policy changed while this was prepared; read it again and retry.",
+                       "policy_changed") from None
     except PolicyError as exc:
         await audited(request, actor, "policy.reject", "policy", {
             **extra, "digest": before.digest, "errors": [p for p, _ in exc.errors[:MAX_AUDITED_CHANGES]],
@@ -381,7 +398,8 @@ async def rollback_policy(request: Request) -> Response:
     """Undo one change to the policy: ``{"entry": <the id of its policy.apply or policy.rollback entry in the
     audit log>}``. Each path the entry changed goes back to its old value, on the policy as it is now; the rest
     stays. Refused (409, naming the paths) where a path has changed again since, where the entry keeps only some
-    of its changes or a value too large to keep, and (400) where the old value was a secret, which the log never
+    of its changes or a value too large to keep, where a path names two places (a name holding dots), or where
+    the policy changed while the rollback was prepared; and (400) where a value was a secret, which the log never
     keeps: write that one in full. Recorded as ``policy.rollback`` with the entry it undid."""
     actor = await require_admin(request)
     raw = await read_body(request.receive, request_headers(request.scope), 4096)
@@ -402,37 +420,42 @@ async def rollback_policy(request: Request) -> Response:
     if details.get("truncated") or details.get("changes_total", len(changes)) > len(changes):
         raise Conflict(f"The entry keeps {len(changes)} of its {details.get('changes_total')} changes: undo it by "
                        "writing the policy in full.", "rollback_incomplete")
-    live = gateway_of(request).store.current.policy
-    shown = await asyncio.to_thread(redacted, live)
+    secret = [str(c.get("path")) for c in changes if _still_redacted([c.get("old"), c.get("new")], "")]
+    if secret:
+        raise InvalidRequest(f"Cannot undo this change: {', '.join(secret[:20])} held a secret, whose old value the "
+                             "log never keeps; write the policy in full.", "rollback_secret")
+    live = gateway_of(request).store.current
+    shown = await asyncio.to_thread(redacted, live.policy)
     problems = undo(shown, changes)
     if problems:
         raise Conflict("Cannot undo this change: " + "; ".join(problems[:20]), "rollback_conflict")
     text = await asyncio.to_thread(lambda: yaml.safe_dump(shown, sort_keys=False, allow_unicode=True))
-    return await _applied(request, actor, text, "policy.rollback", {"rollback_of": entry_id})
+    return await _applied(request, actor, text, "policy.rollback", {"rollback_of": entry_id}, expected=live)
 
 
 def undo(shown: dict[str, Any], changes: list[dict[str, Any]]) -> list[str]:
     """Put each change's old value back into ``shown`` (the live policy as GET /admin/policy shows it), the last
-    change first; the paths that cannot be (changed since, or their value not kept), each with why."""
+    change first; the paths that cannot be (changed since, their value not kept, or naming two places), each
+    with why."""
     problems = []
     for change in reversed(changes):
         path, kind = str(change.get("path", "")), change.get("change")
-        place = _place(shown, path.split("."))
-        if place is None:
-            problems.append(f"{path}: no longer in the policy")
-            continue
-        parent, key = place
-        present = key in parent if isinstance(parent, dict) else key < len(parent)
-        now = parent[key] if present else None
-        old = change.get("old")
-        if _omitted(old) or _omitted(change.get("new")):
+        if _omitted(change.get("old")) or _omitted(change.get("new")):
             problems.append(f"{path}: its value was too large for the log")
-        elif (not present or now != change.get("new")) if kind in ("added", "changed") else present:
+            continue
+        keys = change.get("keys")
+        found = _at(shown, keys) if isinstance(keys, list) and keys else _places(shown, path.split("."))
+        places = [(parent, key) for parent, key in found if _present(parent, key) == (kind != "removed")]
+        if kind != "removed":
+            places = [(parent, key) for parent, key in places if parent[key] == change.get("new")]
+        if len(places) > 1:
+            problems.append(f"{path}: names {len(places)} places (a name with dots in it)")
+        elif not places:
             problems.append(f"{path}: changed again since")
         elif kind == "added":
-            del parent[key]
+            del places[0][0][places[0][1]]
         else:
-            parent[key] = old
+            places[0][0][places[0][1]] = change.get("old")
     return problems
 
 
@@ -440,27 +463,45 @@ def _omitted(value: Any) -> bool:
     return isinstance(value, dict) and set(value) == {"omitted"}
 
 
-def _place(tree: Any, parts: list[str]) -> tuple[Any, Any] | None:
-    """The mapping or list and the key in it where a dotted path of the audit log points (a name holding dots,
-    as a tenant's may, is matched whole); None where the path leads nowhere."""
+def _present(parent: Any, key: Any) -> bool:
+    return key in parent if isinstance(parent, dict) else key < len(parent)
+
+
+def _at(tree: Any, keys: list[Any]) -> list[tuple[Any, Any]]:
+    """Where a change's ``keys`` lead, one by one (the last need not be there): one place, or none."""
+    for key in keys[:-1]:
+        if not _holds(tree, key, 0):
+            return []
+        tree = tree[key]
+    return [(tree, keys[-1])] if _holds(tree, keys[-1], 1) else []
+
+
+def _holds(tree: Any, key: Any, past_end: int) -> bool:
+    """Can ``key`` index ``tree`` (a list: within its length, or ``past_end`` beyond it; a mapping: a name)?"""
     if isinstance(tree, list):
-        if not parts[0].isdigit():
-            return None
+        return isinstance(key, int) and 0 <= key < len(tree) + past_end
+    return isinstance(tree, dict) and isinstance(key, str) and (past_end == 1 or key in tree)
+
+
+def _places(tree: Any, parts: list[str]) -> list[tuple[Any, Any]]:
+    """Every mapping or list, with the key in it, that a dotted path can name (an entry written before changes
+    named their ``keys``): a name may hold dots (a tenant's, a model's), so each way of splitting the path that
+    leads through the tree is one. The last key need not be there (a path removed)."""
+    if isinstance(tree, list):
+        if not parts[0].isdigit() or int(parts[0]) > len(tree):
+            return []
         index = int(parts[0])
         if len(parts) == 1:
-            return (tree, index) if index <= len(tree) else None
-        return _place(tree[index], parts[1:]) if index < len(tree) else None
+            return [(tree, index)]
+        return _places(tree[index], parts[1:]) if index < len(tree) else []
     if not isinstance(tree, dict):
-        return None
-    for i in range(1, len(parts) + 1):
+        return []
+    found = [(tree, ".".join(parts))]
+    for i in range(1, len(parts)):
         key = ".".join(parts[:i])
-        if i == len(parts):
-            return tree, key
         if key in tree:
-            found = _place(tree[key], parts[i:])
-            if found is not None:
-                return found
-    return None
+            found += _places(tree[key], parts[i:])
+    return found
 
 
 async def audit_file_reload(keys: KeyService, reload: FileReload) -> None:
@@ -485,11 +526,11 @@ async def audit_file_reload(keys: KeyService, reload: FileReload) -> None:
 
 
 async def _applied_by_put(keys: KeyService, digest: str, within_s: float = 600.0) -> bool:
-    """Did a PUT /admin/policy (on any process sharing the audit log) apply the policy of ``digest`` within the
-    last ``within_s``? Its newest entries are read, a few."""
+    """Did a PUT /admin/policy or a rollback (on any process sharing the audit log) apply the policy of ``digest``
+    within the last ``within_s``? Its newest entries are read, a few."""
     now = time.time()
     recent = await keys.audit(times.at(now - within_s), times.at(now + 1), 20)
-    return any(e["action"] == "policy.apply" and e["actor"] != "file"
+    return any(e["action"] in ("policy.apply", "policy.rollback") and e["actor"] != "file"
                and (e["details"].get("digest") or {}).get("new") == digest for e in recent)
 
 

@@ -12,7 +12,7 @@ the ID token's signature and claims). ``server.sso`` in the policy configures it
   redirect that began on the provider's site.
 
 Every way a sign-in can fail answers a page of its own saying what happened, with a way to try again: the provider
-refused or is unreachable (502), the state or the ID token does not check out (400), the person's groups give no
+refused (401) or is unreachable (502), the state or the ID token does not check out (400), the person's groups give no
 role or two tenants (403). Nothing the provider sends is shown as HTML without escaping.
 """
 
@@ -23,6 +23,7 @@ import hmac
 import html
 import importlib
 import logging
+import re
 import time
 from typing import Any
 
@@ -44,10 +45,11 @@ log = logging.getLogger("tollgate.sso")
 FLOW_COOKIE = "tollgate_sso"
 FLOW_S = 600  # how long a sign-in may take at the provider
 MAX_FLOWS = 4  # sign-ins begun in one browser and not finished that the cookie keeps (the newest)
-MAX_FLOW_COOKIE = 3072
+MAX_FLOW_COOKIE = 4000  # of the cookie (a browser keeps 4,096 bytes with its name): about four sign-ins
 MAX_NAME = 128  # characters of a person's name the audit log keeps
 TIMEOUT_S = 10.0  # for each call to the provider
 NEXT_PAGES = ("/console", "/reports")
+_ERROR_CODE = re.compile(r"[a-z_]{1,64}")  # an OAuth error code, as the page repeats it (anything else is not)
 
 
 def _http_errors() -> tuple[type[Exception], ...]:
@@ -80,7 +82,7 @@ class Provider:
             oauth = OAuth()
             client = oauth.register(
                 "tollgate", client_id=sso.client_id, client_secret=sso.client_secret,
-                server_metadata_url=sso.issuer + "/.well-known/openid-configuration",
+                server_metadata_url=sso.issuer.rstrip("/") + "/.well-known/openid-configuration",
                 client_kwargs={"scope": " ".join(sso.scopes), "code_challenge_method": "S256", "timeout": TIMEOUT_S,
                                "token_endpoint_auth_method":
                                    "client_secret_basic" if sso.client_secret else "none"})
@@ -104,7 +106,7 @@ async def login(request: Request) -> Response:
     if next_page not in NEXT_PAGES:
         next_page = "/console"
     flows = _read_flows(request)
-    before = set(flows)
+    before, kept = set(flows), dict(flows)  # Authlib drops the sign-ins begun before: another tab's, kept here
     request.scope["session"] = flows
     try:
         response: Response = await provider_of(request).client(sso).authorize_redirect(
@@ -115,7 +117,7 @@ async def login(request: Request) -> Response:
                        "configuration.", 502, next_page)
     for begun in set(flows) - before:  # the page to go on to, beside Authlib's state, nonce and verifier
         flows[begun]["data"]["next"] = next_page
-    _write_flows(request, response, flows)
+    _write_flows(request, response, {**kept, **flows})
     return response
 
 
@@ -131,10 +133,12 @@ async def callback(request: Request) -> Response:
     request.scope["session"] = flows
     try:
         token: dict[str, Any] = await provider_of(request).client(sso).authorize_access_token(  # type: ignore[no-untyped-call]  # untyped in its stubs
-            request, claims_options={"iss": {"essential": True, "values": [sso.issuer]}})
+            request, claims_options={"iss": {"essential": True, "values": [sso.issuer]},
+                                     "aud": {"essential": True, "values": [sso.client_id]}})
     except OAuthError as exc:
         refused = exc.error not in ("mismatching_state", "missing_state")
-        what = (f"The provider refused the sign-in ({exc.error})." if refused else
+        code = exc.error if isinstance(exc.error, str) and _ERROR_CODE.fullmatch(exc.error) else "an error"
+        what = (f"The provider refused the sign-in ({code})." if refused else
                 "This sign-in was not begun here, or took longer than ten minutes.")
         return _failed("Sign-in did not complete", what, 401 if refused else 400, next_page)
     except JoseError as exc:
@@ -209,14 +213,20 @@ def _read_flows(request: Request) -> dict[str, Any]:
 
 
 def _write_flows(request: Request, response: Response, flows: dict[str, Any]) -> None:
-    """Keep the newest MAX_FLOWS sign-ins, each for FLOW_S; none left: the cookie goes."""
+    """Keep the newest sign-ins, each for FLOW_S: at most MAX_FLOWS, and as many as MAX_FLOW_COOKIE holds (the
+    newest always); none left: the cookie goes."""
     for entry in flows.values():
         entry["exp"] = min(entry["exp"], time.time() + FLOW_S)
     kept = dict(sorted(flows.items(), key=lambda kv: kv[1]["exp"])[-MAX_FLOWS:])
+    body = ""
+    while kept:
+        body = base64.urlsafe_b64encode(orjson.dumps(kept)).decode().rstrip("=")
+        if len(body) + 33 <= MAX_FLOW_COOKIE or len(kept) == 1:
+            break
+        kept.pop(next(iter(kept)))  # the oldest
     if not kept:
         response.delete_cookie(FLOW_COOKIE, path="/auth/sso")
         return
-    body = base64.urlsafe_b64encode(orjson.dumps(kept)).decode().rstrip("=")
     secure = over_tls(request, gateway_of(request).store.current.policy.server.trusted_proxies)
     response.set_cookie(FLOW_COOKIE, f"{body}.{_sign(request, body)}", max_age=FLOW_S, path="/auth/sso",
                         httponly=True, samesite="lax", secure=secure)

@@ -487,6 +487,14 @@ class FileReload:
 FileWatcher = Callable[[FileReload], Awaitable[None]]
 
 
+class PolicyChanged(Exception):
+    """The live policy was replaced by another while a change made from it was being checked."""
+
+    def __init__(self, digest: str) -> None:
+        super().__init__(f"the live policy is now {digest}")
+        self.digest = digest
+
+
 @dataclass
 class PolicyStore:
     """Holds the live snapshot; reloads from the file (watch, SIGHUP) or from text (admin API)."""
@@ -519,9 +527,13 @@ class PolicyStore:
                 "last_error": self.last_error, "last_error_at": _iso(self.last_error_at),
                 "file_checks": self.file_checks, "file_checked_at": _iso(self.file_checked_at)}
 
-    async def apply(self, snapshot: PolicySnapshot) -> dict[str, list[str]]:
+    async def apply(self, snapshot: PolicySnapshot, expected: str | None = None) -> dict[str, list[str]]:
+        """Make ``snapshot`` live; with ``expected``, only if the live policy still has that digest at the moment
+        it is replaced (else PolicyChanged, and nothing changes)."""
         old = self.current.policy
         changes = await asyncio.to_thread(_quietly, lambda: diff(old, snapshot.policy))
+        if expected is not None and self.current.digest != expected:
+            raise PolicyChanged(self.current.digest)
         self.current = snapshot
         self.reloads_ok += 1
         self.last_error = self.last_error_at = None
@@ -579,8 +591,8 @@ class PolicyStore:
         self._refuse_restart_only(policy)
         return snapshot
 
-    async def apply_text(self, text: str, source: str = "admin API",
-                         lines_from: str | None = None) -> dict[str, list[str]]:
+    async def apply_text(self, text: str, source: str = "admin API", lines_from: str | None = None,
+                         expected: str | None = None) -> dict[str, list[str]]:
         """Validate text and make it live, then write it to the policy file so a restart keeps it.
 
         The admin API cannot turn itself off: a policy without the admin token is refused here (edit the
@@ -591,7 +603,7 @@ class PolicyStore:
         except PolicyError as exc:
             self.reject(exc, source)
             raise
-        changes = await self.apply(snapshot)
+        changes = await self.apply(snapshot, expected)
         if self.path is not None:
             await asyncio.to_thread(_write_with_backup, self.path, text)
             self._stamp = _stamp(self.path)

@@ -268,7 +268,7 @@ class Sso(Strict):
             raise ValueError("must be an https URL (http only to this host: localhost, 127.0.0.1, ::1)")
         if parsed.query or parsed.fragment or parsed.username or parsed.password:
             raise ValueError("an issuer is a URL with no query, fragment or user")
-        return value.rstrip("/")
+        return value  # as the provider writes it: its ID tokens name it so, trailing slash and all
 
     @field_validator("scopes")
     @classmethod

@@ -152,8 +152,9 @@ def test_a_policy_edit_refused_at_its_line_then_applied_then_rolled_back(
         assert "max_tokens_default: 512" in page.locator("[data-testid=policy-editor]").input_value()
         entries = httpx.get(f"{gateway.url}/admin/audit", params={"action": "policy"}, headers=ADMIN).json()["data"]
         assert [e["action"] for e in entries] == ["policy.rollback", "policy.apply"]
-        assert entries[0]["details"]["changes"] == [{"path": "tiers.standard.max_tokens_default",
-                                                     "change": "changed", "old": 300, "new": 512}]
+        assert entries[0]["details"]["changes"] == [{
+            "path": "tiers.standard.max_tokens_default", "keys": ["tiers", "standard", "max_tokens_default"],
+            "change": "changed", "old": 300, "new": 512}]
         assert entries[0]["details"]["rollback_of"] == entries[1]["id"]
         page.screenshot(path=str(shots / "console-policy-rolled-back.png"), full_page=True)
         browser.close()

@@ -151,6 +151,14 @@ def test_a_callback_this_browser_did_not_begin_is_refused(provider: str, start_g
     assert stranger.get(altered).status_code == 400
     assert "tollgate_session" not in stranger.cookies
 
+    # two sign-ins begun in one browser (two tabs): the first one's callback still completes
+    tabs = httpx.Client(base_url=gateway.url, timeout=30)
+    first = tabs.get("/auth/sso/login").headers["location"]
+    tabs.get("/auth/sso/login", params={"next": "/reports"})
+    code_url = httpx.post(first, data={"sub": "alice@example.com"}).headers["location"]
+    done = tabs.get(code_url.removeprefix(gateway.url))
+    assert done.status_code == 200 and "url=/console" in done.text and "tollgate_session" in tabs.cookies
+
 
 def test_without_sso_its_routes_say_so_and_an_unreachable_provider_is_a_clear_502(
         start_gateway: Callable[..., Proc], start_sim: Callable[..., Proc]) -> None:

@@ -242,10 +242,12 @@ def test_a_policy_change_is_audited_path_by_path_with_old_and_new_values_and_no_
             assert applied["actor"] == ADMIN_ID and (applied["client"], applied["peer"]) == ("203.0.113.7", "127.0.0.1")
             assert applied["details"]["digest"] == {"old": before, "new": app.gateway.store.current.digest}
             by_path = {c["path"]: c for c in applied["details"]["changes"]}
-            assert by_path["tiers.standard.max_tokens_cap"] == {"path": "tiers.standard.max_tokens_cap",
-                                                                "change": "changed", "old": 1024, "new": 2048}
+            assert by_path["tiers.standard.max_tokens_cap"] == {
+                "path": "tiers.standard.max_tokens_cap", "keys": ["tiers", "standard", "max_tokens_cap"],
+                "change": "changed", "old": 1024, "new": 2048}
             assert by_path["tenants.demo.keys"] == {
-                "path": "tenants.demo.keys", "change": "changed", "old": ["key-" + hash_key(DEMO_KEY)[:12]],
+                "path": "tenants.demo.keys", "keys": ["tenants", "demo", "keys"], "change": "changed",
+                "old": ["key-" + hash_key(DEMO_KEY)[:12]],
                 "new": ["key-" + hash_key(DEMO_KEY)[:12], "key-" + hash_key("tg-another-demo-key")[:12]]}
             assert by_path["spend.webhook_url"]["old"] == "https://<redacted>@hooks.example.com/<redacted>"
             assert by_path["spend.webhook_url"]["new"] == "https://hooks.example.com/<redacted>"
