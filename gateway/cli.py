@@ -152,7 +152,8 @@ def demo_policy(asked: str, data_dir: Path) -> Path:
 
 
 def demo_banner(url: str, workers: int, policy: Path) -> str:
-    """What a newcomer needs: the endpoint, every demo token the policy still holds, the finance page."""
+    """What a newcomer needs: the endpoint, every demo token the policy still holds, the console and the finance
+    page."""
     from gateway.auth import hash_key
     from gateway.policy.loader import load_file
 
@@ -164,7 +165,8 @@ def demo_banner(url: str, workers: int, policy: Path) -> str:
     lines = [f"Tollgate is up at {url}/v1 with {workers} simulated worker(s); policy {policy}"]
     if tokens:
         lines += ["Demo tokens (change them before anything real):", *tokens]
-    lines += [f"Finance page: {url}/reports (sign in with the finance or admin token)",
+    lines += [f"Console: {url}/console (keys, policy, queues, cache, audit; sign in with the admin token)",
+              f"Finance page: {url}/reports (sign in with the finance or admin token)",
               f"Try: curl {url}/v1/chat/completions -H 'Authorization: Bearer {key}' "
               "-H 'Content-Type: application/json' "
               "-d '{\"model\":\"sim-llama-8b\",\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}'",

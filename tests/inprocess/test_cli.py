@@ -103,7 +103,7 @@ def test_up_serves_a_copy_of_the_default_policy_never_the_tracked_file(tmp_path:
     assert demo_policy(str(own), tmp_path / "data") == own  # a policy named is served as it is
     banner = demo_banner("http://127.0.0.1:8080", 3, own)
     for token in ("tg-demo-key-change-me", "tg-admin-demo-change-me", "tg-finance-demo-change-me",
-                  "http://127.0.0.1:8080/reports"):
+                  "http://127.0.0.1:8080/reports", "http://127.0.0.1:8080/console"):
         assert token in banner
 
 
