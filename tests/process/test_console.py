@@ -5,9 +5,10 @@ README's screenshots are taken here (into TOLLGATE_SCREENSHOT_DIR when it is set
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -27,11 +28,19 @@ def shots(tmp_path: Path) -> Path:
     return Path(os.environ.get("TOLLGATE_SCREENSHOT_DIR", tmp_path))
 
 
-def signed_in(page: Page, gateway: Proc, lang: str = "en") -> None:
-    page.goto(f"{gateway.url}/console?lang={lang}")
-    page.fill("[data-testid=token]", ADMIN_TOKEN)
-    page.click("button[type=submit]")
-    page.wait_for_selector("[data-testid=tab-keys]")
+@contextlib.contextmanager
+def console(gateway: Proc, height: int) -> Iterator[Page]:
+    """Chromium on the console, signed in with the admin token, every confirmation accepted."""
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": height})
+        page.on("dialog", lambda dialog: dialog.accept())
+        page.goto(f"{gateway.url}/console")
+        page.fill("[data-testid=token]", ADMIN_TOKEN)
+        page.click("button[type=submit]")
+        page.wait_for_selector("[data-testid=tab-keys]")
+        yield page
+        browser.close()
 
 
 def test_a_key_made_used_watched_and_revoked(start_gateway: Callable[..., Proc], start_sim: Callable[..., Proc],
@@ -39,11 +48,7 @@ def test_a_key_made_used_watched_and_revoked(start_gateway: Callable[..., Proc],
     policy = policy_dict([start_sim("--decode-base-ms", "1").url])
     policy["prices"]["models"][MODEL] = [{"effective": "2026-01-01", "input_per_m": 300, "output_per_m": 900}]
     gateway = start_gateway(policy)  # a model priced so that three answers come to cents
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1280, "height": 800})
-        page.on("dialog", lambda dialog: dialog.accept())
-        signed_in(page, gateway)
+    with console(gateway, 800) as page:
         page.wait_for_selector("[data-testid=create-key]")
         page.select_option("select[name=tenant]", "demo")
         page.fill("input[name=name]", "support-bot")
@@ -98,7 +103,6 @@ def test_a_key_made_used_watched_and_revoked(start_gateway: Callable[..., Proc],
         page.wait_for_selector("[data-testid=keys-table]")
         assert page.inner_text("[data-testid=tab-keys]") == "키" and "이번 달 지출" in page.inner_text("main")
         page.screenshot(path=str(shots / "console-keys-ko.png"), full_page=True)
-        browser.close()
 
 
 def test_a_policy_edit_refused_at_its_line_then_applied_then_rolled_back(
@@ -108,11 +112,7 @@ def test_a_policy_edit_refused_at_its_line_then_applied_then_rolled_back(
     lines = live.splitlines()
     at = next(i for i, line in enumerate(lines) if line.strip() == "max_tokens_default: 512" and
               any(lines[j].strip() == "standard:" for j in range(max(0, i - 3), i)))
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.on("dialog", lambda dialog: dialog.accept())
-        signed_in(page, gateway)
+    with console(gateway, 900) as page:
         page.click("[data-testid=tab-policy]")
         editor = page.locator("[data-testid=policy-editor]")
         editor.wait_for()
@@ -157,4 +157,3 @@ def test_a_policy_edit_refused_at_its_line_then_applied_then_rolled_back(
             "change": "changed", "old": 300, "new": 512}]
         assert entries[0]["details"]["rollback_of"] == entries[1]["id"]
         page.screenshot(path=str(shots / "console-policy-rolled-back.png"), full_page=True)
-        browser.close()
