@@ -6,9 +6,11 @@ no mapped group is refused a session. Tokens keep working beside it."""
 from __future__ import annotations
 
 import html
+import os
 import re
 import urllib.parse
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -169,3 +171,38 @@ def test_without_sso_its_routes_say_so_and_an_unreachable_provider_is_a_clear_50
     gone = start_gateway(sso_policy("http://127.0.0.1:9", [sim.url]))
     answer = httpx.get(gone.url + "/auth/sso/login", timeout=30)
     assert answer.status_code == 502 and "could not be reached" in answer.text
+
+
+def test_a_tenants_user_signs_in_through_the_provider_in_chromium_and_sees_its_own_usage(
+        provider: str, start_gateway: Callable[..., Proc], start_sim: Callable[..., Proc], tmp_path: Path) -> None:
+    """In a real browser: the console's single sign-on link, the provider's form, back to the console with a
+    SameSite=Strict session (the callback's page goes on by itself), the tenant's own usage and nothing more."""
+    from playwright.sync_api import sync_playwright
+
+    policy = sso_policy(provider, [start_sim().url])
+    policy["prices"]["models"]["sim-llama-8b"] = [{"effective": "2026-01-01", "input_per_m": 300, "output_per_m": 900}]
+    gateway = start_gateway(policy)  # priced so that two answers come to cents
+    for _ in range(2):
+        used = httpx.post(gateway.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {DEMO_KEY}"},
+                          json={"model": "sim-llama-8b", "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+        assert used.status_code == 200
+    assert wait_for(lambda: httpx.get(gateway.url + "/v1/usage", headers={"Authorization": f"Bearer {DEMO_KEY}"}
+                                      ).json()["total"]["requests"] == 2, timeout=20)
+    shots = Path(os.environ.get("TOLLGATE_SCREENSHOT_DIR", tmp_path))
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1100, "height": 500})
+        page.goto(f"{gateway.url}/console")
+        page.click("[data-testid=sso]")
+        page.fill("input[name=sub]", "carol@example.com")
+        page.click("button:has-text('Authorize')")
+        page.wait_for_selector("[data-testid=usage-table]")
+        assert page.url == f"{gateway.url}/console#usage"
+        assert "carol@example.com" in page.inner_text("[data-testid=who]")
+        total = httpx.get(gateway.url + "/v1/usage", headers={"Authorization": f"Bearer {DEMO_KEY}"}).json()["total"]
+        assert page.inner_text("[data-testid=usage-total]") == f"Requests: 2 · Spend (USD): {total['cost_usd']:.2f}"
+        assert page.locator("[data-testid=tab-keys]").count() == 0, "a tenant's user has no admin tabs"
+        refused = page.evaluate("async () => (await fetch('/admin/keys')).status")
+        assert refused == 403, "and the routes refuse it, whatever the page shows"
+        page.screenshot(path=str(shots / "console-tenant-usage.png"))
+        browser.close()
