@@ -36,8 +36,10 @@ class _Scope:
         self.index = faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))
 
 
-# entries in a scope up to which a flat search (under a millisecond) stays on the event loop; past it, a thread
+# entries in a scope up to which a flat search stays on the event loop; past it, a thread (why, measured:
+# docs/decisions/004)
 SEARCH_ON_LOOP = 4096
+
 
 class VectorIndex:
     def __init__(self, dim: int, hnsw_above: int = 20_000) -> None:

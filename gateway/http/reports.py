@@ -96,10 +96,13 @@ async def ledger(request: Request) -> Response:
 async def usage(request: Request) -> Response:
     """A tenant's own totals, by model and day, with its key or its user's session."""
     principal = await signed_in(request, gateway_of(request).store.current)
-    if principal is not None and principal.tenant is None:
+    if principal is None:
+        tenant = tenant_of(request).name
+    elif principal.tenant is None:
         raise InvalidRequest(f"/v1/usage is a tenant's own; as {principal.role}, read /admin/reports/costs.",
                              "not_a_tenant")
-    tenant = principal.tenant if principal is not None and principal.tenant is not None else tenant_of(request).name
+    else:
+        tenant = principal.tenant
     start, end = time_range(request)
     rows = await query(ledger_store(request).totals, start, end, ["day", "model"], tenant,
                        tag=parse_tag(request))

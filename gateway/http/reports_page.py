@@ -31,11 +31,10 @@ from gateway.http.asgi import read_body, request_headers
 from gateway.http.guards import gateway_of, holds_report_token, reads_reports, sessions_of, start_session
 from gateway.http.reports import parse_tenant
 from gateway.http.responses import spooled
-from gateway.http.sessions import COOKIE, Principal, Role, same_origin
+from gateway.http.sessions import COOKIE, Principal, Role, on_to, same_origin
 from gateway.spend.alerts import public
 
 LOGIN_BYTES = 4096
-SIGN_IN_PAGES = {"/reports": "/reports", "/console": "/console"}  # where a sign-in or sign-out may go on to
 
 
 async def page(request: Request) -> Response:
@@ -87,7 +86,7 @@ async def login(request: Request) -> Response:
     except ValueError:
         raise InvalidRequest("The sign-in form has too many fields.", "invalid_form") from None
     token = (form.get("token") or [""])[0]
-    back = SIGN_IN_PAGES.get((form.get("next") or [""])[0], "/reports")
+    back = on_to((form.get("next") or [""])[0])
     snapshot = gateway_of(request).store.current
     authorization = b"Bearer " + token.encode("latin-1", "replace")
     role: Role | None = "admin" if is_admin(authorization, snapshot) else "finance" if holds_report_token(
@@ -104,7 +103,7 @@ async def logout(request: Request) -> Response:
     if not same_origin(request):
         raise NotPermitted("Sign out from this gateway's own page.", "cross_origin")
     await sessions_of(request).revoke(gateway_of(request).store.current, request.cookies.get(COOKIE))
-    response = RedirectResponse(SIGN_IN_PAGES.get(request.query_params.get("next", ""), "/reports"), 303)
+    response = RedirectResponse(on_to(request.query_params.get("next", "")), 303)
     response.delete_cookie(COOKIE, path="/")
     return response
 

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tollgate.sessions")
 COOKIE = "tollgate_session"
 Role = Literal["admin", "finance", "tenant"]
-MAX_COOKIE = 1024  # bytes of a session cookie this gateway reads: its own are far shorter
+SIGN_IN_PAGES = ("/console", "/reports")  # where a sign-in or a sign-out goes on to: these, and nowhere else
 REVOKED_MAX = 10_000  # sign-outs this process remembers (1.8 MB measured); past it, the one ending soonest is let go
 
 
@@ -121,7 +121,7 @@ class Sessions:
     def _session(self, snapshot: PolicySnapshot, cookie: str | None,
                  now: float) -> tuple[Principal, int, str] | None:
         """(who, expiry, nonce) of a cookie this gateway signed, not yet expired, bound to what still holds."""
-        if not cookie or len(cookie) > MAX_COOKIE or not cookie.isascii():  # a forged byte must not be a 500
+        if not cookie or not cookie.isascii():  # (its size: the request head's bound) a forged byte must not be a 500
             return None
         payload, _, signature = cookie.rpartition(".")
         parts = payload.split(".")
@@ -195,6 +195,11 @@ class Sessions:
         else this gateway hands a browser to give back unchanged (the single sign-on flow)."""
         key = hmac.new(self._secret.key, purpose.encode(), hashlib.sha256).digest()
         return hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def on_to(asked: str, default: str = "/reports") -> str:
+    """The page a sign-in or sign-out goes on to: the one asked for if it is one of ours, else ``default``."""
+    return asked if asked in SIGN_IN_PAGES else default
 
 
 def _token_id(token_hash: str) -> str:

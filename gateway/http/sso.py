@@ -36,19 +36,16 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from gateway.http.guards import gateway_of, sessions_of, start_session
-from gateway.http.sessions import Principal, over_tls
-from gateway.keys.model import unsafe_character
+from gateway.http.sessions import Principal, on_to, over_tls
+from gateway.keys.model import LABEL_CHARS, unsafe_character
 from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Sso
 
 log = logging.getLogger("tollgate.sso")
 FLOW_COOKIE = "tollgate_sso"
-FLOW_S = 600  # how long a sign-in may take at the provider
-MAX_FLOWS = 4  # sign-ins begun in one browser and not finished that the cookie keeps (the newest)
-MAX_FLOW_COOKIE = 4000  # of the cookie (a browser keeps 4,096 bytes with its name): about four sign-ins
-MAX_NAME = 128  # characters of a person's name the audit log keeps
+FLOW_S = 600  # how long a sign-in may take at the provider (why: docs/decisions/012)
+BROWSER_COOKIE_BYTES = 4096  # what every browser keeps of one cookie, its name and attributes with it (RFC 6265)
 TIMEOUT_S = 10.0  # for each call to the provider
-NEXT_PAGES = ("/console", "/reports")
 _ERROR_CODE = re.compile(r"[a-z_]{1,64}")  # an OAuth error code, as the page repeats it (anything else is not)
 
 
@@ -102,9 +99,7 @@ async def login(request: Request) -> Response:
     if sso is None:
         return _page("Single sign-on is not configured", "<p>Set <code>server.sso</code> in the policy, or sign in "
                      "with a token.</p>", 404)
-    next_page = request.query_params.get("next", "/console")
-    if next_page not in NEXT_PAGES:
-        next_page = "/console"
+    next_page = on_to(request.query_params.get("next", ""), "/console")
     flows = _read_flows(request)
     before, kept = set(flows), dict(flows)  # Authlib drops the sign-ins begun before: another tab's, kept here
     request.scope["session"] = flows
@@ -187,8 +182,9 @@ def _name(claims: dict[str, Any], sso: Sso) -> str:
     """What the audit log calls the person: the configured claim, else the subject; printable, bounded."""
     value = claims.get(sso.name_claim)
     text = value if isinstance(value, str) and value else str(claims.get("sub", "unknown"))
-    text = text[:MAX_NAME]
-    return text if unsafe_character(text) is None else text.encode("ascii", "backslashreplace").decode()[:MAX_NAME]
+    text = text[:LABEL_CHARS]
+    return text if unsafe_character(text) is None else \
+        text.encode("ascii", "backslashreplace").decode()[:LABEL_CHARS]
 
 
 def _callback_url(request: Request, snapshot: PolicySnapshot) -> str:
@@ -200,8 +196,7 @@ def _read_flows(request: Request) -> dict[str, Any]:
     """The sign-ins begun in this browser (Authlib's state data), from the flow cookie if it is ours and fresh."""
     raw = request.cookies.get(FLOW_COOKIE, "")
     body, _, signature = raw.rpartition(".")
-    if not body or len(raw) > MAX_FLOW_COOKIE or not raw.isascii() or \
-            not hmac.compare_digest(signature, _sign(request, body)):
+    if not body or not raw.isascii() or not hmac.compare_digest(signature, _sign(request, body)):
         return {}
     try:
         flows = orjson.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
@@ -213,15 +208,16 @@ def _read_flows(request: Request) -> dict[str, Any]:
 
 
 def _write_flows(request: Request, response: Response, flows: dict[str, Any]) -> None:
-    """Keep the newest sign-ins, each for FLOW_S: at most MAX_FLOWS, and as many as MAX_FLOW_COOKIE holds (the
-    newest always); none left: the cookie goes."""
+    """Keep the newest sign-ins, each for FLOW_S, as many as a browser keeps in one cookie (about four; the newest
+    always); none left: the cookie goes."""
     for entry in flows.values():
         entry["exp"] = min(entry["exp"], time.time() + FLOW_S)
-    kept = dict(sorted(flows.items(), key=lambda kv: kv[1]["exp"])[-MAX_FLOWS:])
+    kept = dict(sorted(flows.items(), key=lambda kv: kv[1]["exp"]))
+    room = BROWSER_COOKIE_BYTES - len(FLOW_COOKIE) - 200  # its name, signature and attributes
     body = ""
     while kept:
         body = base64.urlsafe_b64encode(orjson.dumps(kept)).decode().rstrip("=")
-        if len(body) + 33 <= MAX_FLOW_COOKIE or len(kept) == 1:
+        if len(body) <= room or len(kept) == 1:
             break
         kept.pop(next(iter(kept)))  # the oldest
     if not kept:

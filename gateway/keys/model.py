@@ -32,6 +32,7 @@ DEFAULT_GRACE_S = 86400.0
 # overrides and isolates, and line and paragraph separators. Each can hide, reorder or break what a terminal, a
 # log line or a page shows (a name ending in U+202E reads backwards; one holding ESC or CSI drives the terminal).
 UNSAFE_TEXT = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+LABEL_CHARS = 128  # of a label people read in the console, a terminal or the audit log: a key's name, a person's
 
 
 def unsafe_character(text: str) -> str | None:
@@ -176,7 +177,7 @@ class KeySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tenant: Name
-    name: str = Field("", max_length=128, description="a label for people (no control, bidi or separator "
+    name: str = Field("", max_length=LABEL_CHARS, description="a label for people (no control, bidi or separator "
                       "characters: spec_problems)")
     expires_at: Moment | None = Field(None, description="ISO 8601 (UTC without an offset) or a Unix time")
     expires_in_s: float | None = Field(None, gt=0, le=10 * 365 * 86400)

@@ -118,11 +118,15 @@ def test_a_policy_edit_refused_at_its_line_then_applied_then_rolled_back(
         editor.wait_for()
         assert editor.input_value() == live, "the editor holds the live policy, as GET shows it"
 
-        wrong = lines.copy()
-        wrong[at] = wrong[at].replace("512", "plenty")
-        editor.fill("\n".join(wrong) + "\n")
-        page.click("[data-testid=policy-check]")
-        page.wait_for_selector("[data-testid=policy-errors]")
+        def send(value: str, button: str, answer: str) -> None:
+            """The live policy with the standard tier's default set to ``value``, sent with ``button``."""
+            edited = lines.copy()
+            edited[at] = edited[at].replace("512", value)
+            editor.fill("\n".join(edited) + "\n")
+            page.click(f"[data-testid={button}]")
+            page.wait_for_selector(answer)
+
+        send("plenty", "policy-check", "[data-testid=policy-errors]")
         errors = page.inner_text("[data-testid=policy-errors]")
         assert "tiers.standard.max_tokens_default" in errors and f"(line {at + 1})" in errors, errors
         selected = page.evaluate("() => { const e = document.querySelector('[data-testid=policy-editor]');"
@@ -132,11 +136,7 @@ def test_a_policy_edit_refused_at_its_line_then_applied_then_rolled_back(
         assert "max_tokens_default: 512" in httpx.get(f"{gateway.url}/admin/policy", params={"format": "yaml"},
                                                       headers=ADMIN).text, "nothing applied"
 
-        fixed = lines.copy()
-        fixed[at] = fixed[at].replace("512", "300")
-        editor.fill("\n".join(fixed) + "\n")
-        page.click("[data-testid=policy-apply]")
-        page.wait_for_selector("[data-testid=policy-result] [data-testid=change]")
+        send("300", "policy-apply", "[data-testid=policy-result] [data-testid=change]")
         change = page.inner_text("[data-testid=policy-result] [data-testid=change]")
         assert re.search(r"tiers\.standard\.max_tokens_default\s+512\s+300", change), change
         served = httpx.get(f"{gateway.url}/admin/policy", headers=ADMIN).json()
