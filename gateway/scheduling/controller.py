@@ -6,9 +6,10 @@ Guarantees:
   while a premium one waits. Standard leaves ``premium_reserve`` of the slots to premium; batch takes a slot only
   when nothing interactive waits and ``batch_headroom`` stays free.
 - Inside a class, flows (one per tenant) and the fairness policy (gateway.scheduling.flows): the served-token
-  counter by default, ``fcfs`` for comparison. While two or more flows of a class are active, the flows holding
-  their equal share of the class's slots or more leave free what the others need to start their bursts at once
-  (``tenant_headroom``, the cap). No slot stays free while a request that may take it waits, beyond these reserves.
+  counter by default, ``fcfs`` for comparison. While two or more flows of a class are active, the flows served
+  their equal share of the recent tokens or more leave free what the others have been using, plus one slot
+  (flows.ClassQueue.headroom; ``tenant_headroom``, the cap). No slot stays free while a request that may take it
+  waits, beyond these reserves.
 - Paced by prefill, while two or more tenants hold or queue requests in the pool: no request is granted while
   as many streams before their first token as the pool's steady flow needs are starting (its completions a
   second times the workers' least TTFT, plus one per worker; a stream without its first token after
@@ -149,7 +150,7 @@ class Controller:
             flow = state.queues[ctx.service_class].arrive(ctx.service_class, ctx.tenant.name, ctx.tenant.weight,
                                                           started)
             if policy.scheduling.mode == "fifo":
-                state.take(flow, id(ctx), cost)
+                state.take(flow, id(ctx), cost, now=started)
             else:
                 await self._wait_turn(ctx, state, flow, policy.scheduling, cost, size)
         except BaseException:
@@ -168,7 +169,7 @@ class Controller:
         now = self.clock()
         served = None if ctx.prompt_tokens is None else \
             max(0, ctx.prompt_tokens - (ctx.cached_tokens or 0)) + (ctx.completion_tokens or 0)
-        state.give(id(ctx), served)
+        state.give(id(ctx), served, now)
         state.completions.append(now)
         self.grant(state, ctx.snapshot.policy.scheduling)
 
@@ -236,7 +237,7 @@ class Controller:
                 deadline_at += deadline_s
         except asyncio.CancelledError:  # the client left (or the server stops)
             if waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
-                state.give(id(ctx))  # granted but never started: the slot to the next one
+                state.give(id(ctx), now=self.clock())  # granted but never started: the slot to the next one
                 self.grant(state, scheduling)
             else:
                 self._forget(state, waiter)
@@ -369,16 +370,15 @@ class Controller:
     def _held_back(self, state: PoolState, scheduling: SchedulingPolicy, klass: str, total: int,
                    now: float) -> set[Flow]:
         """The flows of ``klass`` that may not take the next slot: those over their share, while taking it would
-        leave fewer slots free than the flows under their share need (flows.ClassQueue.headroom). The shares are
-        of the slots the class holds or may take: not the reserves above it, nor what the other classes hold
-        (nothing is preempted)."""
+        leave fewer slots free than the flows under their share need (flows.ClassQueue.headroom). What is kept
+        free is of the slots the class holds or may take: not the reserves above it, nor what the other classes
+        hold (nothing is preempted)."""
         room = total - self._reserved(total, scheduling, klass)
         cap = kept_free(room, scheduling.tenant_headroom)
         free_after = room - state.granted - 1
         if free_after >= cap:
             return set()
-        own = max(1, room - state.granted + state.held_in[klass])
-        over, hold = state.queues[klass].headroom(own, cap, now)
+        over, hold = state.queues[klass].headroom(cap, now)
         return over if free_after < hold else set()
 
     @staticmethod

@@ -44,11 +44,32 @@ class Flow:
     counter: float = 0.0  # tokens served / weight, the requests in flight at their estimates
     pending: float = 0.0  # of which the estimates of the requests in flight
     seen: float = 0.0  # when it last asked
-    peak: int = 1  # the most requests it had at once (held and queued) since it was created
     turn: int = 0  # the pool's grant count at its last grant (queues.PoolState.take)
+    tokens_recent: float = 0.0  # tokens charged over about the last ACTIVE_S, as of ``accounted``
+    slots_recent: float = 0.0  # slots held on average over about the last ACTIVE_S, as of ``accounted``
+    accounted: float = 0.0  # when ``held`` or the counter last changed
 
     def active(self, now: float) -> bool:
         return bool(self.held or self.waiters) or now - self.seen < ACTIVE_S
+
+    def account(self, now: float, held: int, tokens: float) -> None:
+        """At ``now`` the flow holds ``held`` more slots and is charged ``tokens`` more (over its weight): the
+        counter, and the recent averages brought up to ``now`` first."""
+        decay = math.exp(-max(0.0, now - self.accounted) / ACTIVE_S)
+        self.tokens_recent = self.tokens_recent * decay + tokens
+        self.slots_recent = self.held + (self.slots_recent - self.held) * decay
+        self.accounted = now
+        self.held += held
+        self.counter += tokens
+
+    def recent_tokens(self, now: float) -> float:
+        """Tokens charged over about the last ACTIVE_S: a sum decaying with that time constant."""
+        return self.tokens_recent * math.exp(-max(0.0, now - self.accounted) / ACTIVE_S)
+
+    def recent_slots(self, now: float) -> float:
+        """Slots held on average over about the last ACTIVE_S (Little's law read directly: a time average decaying
+        with that time constant)."""
+        return self.held + (self.slots_recent - self.held) * math.exp(-max(0.0, now - self.accounted) / ACTIVE_S)
 
 
 @dataclass(eq=False, slots=True)
@@ -115,7 +136,6 @@ class ClassQueue:
         if not flow.held and not flow.waiters:
             flow.counter = max(flow.counter, self._floor())
         flow.weight, flow.seen = weight, now
-        flow.peak = max(flow.peak, flow.held + len(flow.waiters) + 1)
         return flow
 
     def push(self, waiter: Waiter) -> None:
@@ -152,15 +172,19 @@ class ClassQueue:
         fair = room / len(tenants)
         return {f for f in active.values() if f.held + others.get(f.tenant, 0) >= fair}
 
-    def headroom(self, room: int, cap: int, now: float) -> tuple[set[Flow], int]:
-        """The flows over their share, and the slots they leave free: one, or more if the flows under their share
-        need more to start their bursts at once (each up to its peak and its share); at most ``cap``."""
+    def headroom(self, cap: int, now: float) -> tuple[set[Flow], int]:
+        """The flows over their share, and the slots they leave free, at most ``cap``. Over its share is a flow
+        charged at least the active flows' mean number of tokens over about the last ACTIVE_S (the counter's own
+        measure, so a flood is over from its first grants, and a flow with many short requests is not over for
+        holding a slot). The others may need what they held on average over that time, plus one slot for the
+        next arrival, less what they hold now; at least one slot."""
         active = self.active(now)
         if len(active) < 2 or cap <= 0:
             return set(), 0
-        fair = room / len(active)
-        over = {f for f in active if f.held >= fair}
-        need = sum(max(0, min(f.peak, math.ceil(fair)) - f.held) for f in active if f not in over)
+        share = sum(f.recent_tokens(now) for f in active) / len(active)
+        over = {f for f in active if f.recent_tokens(now) >= share}
+        under = [f for f in active if f not in over]
+        need = math.ceil(sum(f.recent_slots(now) for f in under)) + 1 - sum(f.held for f in under)
         return over, min(max(1, need), cap)
 
     def victim(self, spared: Flow, queued: bool) -> Waiter | None:

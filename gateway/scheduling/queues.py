@@ -48,28 +48,25 @@ class PoolState:
         self.granted += 1
         self.turns += 1
         self.held_in[flow.klass] += 1
-        flow.held += 1
         flow.turn = self.turns
         charged = cost / flow.weight
-        flow.counter += charged
+        flow.account(now, 1, charged)
         flow.pending += charged
         self.grants[key] = Grant(flow, charged)
         if stream:
             self.starting[key] = now
 
-    def give(self, key: int, served: float | None = None) -> Flow | None:
-        """The request ``key`` gave its slot back; ``served``: the tokens the engine worked for it (None: its
-        grant's estimate stands)."""
+    def give(self, key: int, served: float | None = None, now: float = 0.0) -> Flow | None:
+        """The request ``key`` gave its slot back at ``now``; ``served``: the tokens the engine worked for it (None:
+        its grant's estimate stands)."""
         self.starting.pop(key, None)
         grant = self.grants.pop(key, None)
         if grant is None:
             return None
         self.granted -= 1
         self.held_in[grant.flow.klass] -= 1
-        grant.flow.held -= 1
         grant.flow.pending -= grant.charged
-        if served is not None:
-            grant.flow.counter += served / grant.flow.weight - grant.charged
+        grant.flow.account(now, -1, 0.0 if served is None else served / grant.flow.weight - grant.charged)
         return grant.flow
 
     @property

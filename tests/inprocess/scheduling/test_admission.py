@@ -68,10 +68,11 @@ class Harness:
     def queue(self, tenant: str, klass: str | None = None, **kw: Any) -> asyncio.Task[RequestContext]:
         return asyncio.ensure_future(self.admit(self.ctx(tenant, klass), **kw))
 
-    async def overlapping(self, tenant: str, at_once: int, times: int = 3) -> None:
-        """A tenant's habit: ``at_once`` requests running together, ``times`` times."""
+    async def overlapping(self, tenant: str, at_once: int, times: int = 3, hold_s: float = 2.0) -> None:
+        """A tenant's habit: ``at_once`` requests running together for ``hold_s``, ``times`` times."""
         for _ in range(times):
             held = [await self.admit(self.ctx(tenant)) for _ in range(at_once)]
+            self.clock.now += hold_s
             for ctx in held:
                 self.release(ctx)
 
@@ -250,11 +251,13 @@ def test_the_slot_left_for_a_quiet_tenant_is_one_its_class_may_take() -> None:
 
 
 def test_a_fair_share_is_of_what_the_class_may_take() -> None:
-    """Two standard tenants share the six slots standard has of eight (two are premium's): three each, not
-    half of the eight, or the flood's fourth slot is the quiet tenant's third."""
+    """Two standard tenants share the six slots standard has of eight (two are premium's): the flood, served
+    more of late, leaves what the quiet tenant has been using (three at once, about half the time), not what
+    it would leave of all eight."""
     async def main() -> None:
         h = Harness(tenant_headroom=0.5, premium_reserve=0.25)
         h.worker.learned.limit = 8
+        await h.overlapping("s1", 6, times=4)  # the flood has been served more of late
         await h.overlapping("s2", 3)  # the quiet tenant runs three at once
         flood = [h.queue("s1") for _ in range(12)]
         await settle()
@@ -269,12 +272,38 @@ def test_a_fair_share_is_of_what_the_class_may_take() -> None:
     asyncio.run(main())
 
 
+def test_with_more_tenants_than_slots_one_running_request_is_not_over_its_share() -> None:
+    """Three tenants on two slots: a share is under one slot. A tenant with one short request running and the
+    next one asked for is still under its share in tokens beside two floods served far more of late: its next
+    request takes the slot the floods leave free, rather than waiting behind them as "over" for holding one."""
+    async def main() -> None:
+        h = Harness(tenant_headroom=0.5)
+        h.worker.learned.limit = 2
+        for _ in range(4):  # the two floods, a slot each, for eight seconds
+            held = [await h.admit(h.ctx("s1")), await h.admit(h.ctx("heavy"))]
+            h.clock.now += 2.0
+            for ctx in held:
+                h.release(ctx)
+        running = await h.admit(h.ctx("s2"))
+        floods = [h.queue(t) for t in ("s1", "heavy") for _ in range(4)]
+        await settle()
+        assert h.pool.held() == {"s2": 1}, "the floods leave the last slot free"
+        following = h.queue("s2")
+        await settle()
+        assert following.done(), "the quiet tenant's next request takes it at once"
+        h.release(running)
+        h.release(following.result())
+        for task in floods:
+            task.cancel()
+    asyncio.run(main())
+
+
 def test_the_slots_left_free_for_quiet_tenants_are_capped() -> None:
     async def main() -> None:
         h = Harness(tenant_headroom=0.25)
         h.worker.learned.limit = 8
-        await h.overlapping("s2", 4)
-        assert h.pool.queues["standard"].flows["s2"].peak == 4  # its fair share (4 of 8): no more is held anyway
+        await h.overlapping("s1", 8, times=2)
+        await h.overlapping("s2", 4)  # what it used would keep three free (two on average, one to arrive)
         flood = [h.queue("s1") for _ in range(12)]
         await settle()
         assert h.pool.held() == {"s1": 6}, "at most a quarter of the slots is held back"
