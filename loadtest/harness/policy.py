@@ -81,6 +81,9 @@ def _default(workers: list[str]) -> dict[str, Any]:
         policy["prices"]["models"].pop(name, None)
     for tenant in policy["tenants"].values():
         tenant["models"] = [m for m in tenant.get("models", []) if m not in embed]
+        cached = tenant.get("cache", {}).get("models", {})
+        for name in embed & cached.keys():
+            del cached[name]
     return policy
 
 

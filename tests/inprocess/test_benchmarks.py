@@ -1,6 +1,6 @@
 """The benchmarks' layout: loadtest/harness/ holds what they share, loadtest/benchmarks/GROUP/NAME.py are the
-benchmarks, no benchmark imports another (what two need lives in the harness) and the harness imports none.
-Read from the source: nothing here imports a benchmark or starts a process."""
+benchmarks, no benchmark imports another (what two need lives in the harness) and the harness imports none; the
+harness's policies are valid. Read from the source: nothing here imports a benchmark or starts a process."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import ast
 from pathlib import Path
 
 import pytest
+import yaml
 
+from gateway.policy.loader import parse_policy
 from loadtest.__main__ import main as loadtest_main
 from loadtest.harness.catalog import BENCHMARKS, benchmarks
+from loadtest.harness.policy import Base, build_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 LOADTEST = ROOT / "loadtest"
@@ -122,3 +125,10 @@ def test_every_benchmark_is_listed_once_with_what_it_measures(capsys: pytest.Cap
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == list(found)
     assert all(len(line.split(None, 2)) == 3 and "python -m" not in line for line in lines)
+
+
+@pytest.mark.parametrize("base", ["test", "default", "bench"])
+def test_every_policy_base_of_the_harness_is_a_valid_policy(base: Base) -> None:
+    """The benchmarks' policies load as a gateway would load them: the default base follows policies/default.yaml,
+    so a model it drops must leave no tenant naming it (its cache settings included)."""
+    parse_policy(yaml.safe_dump(build_policy(["http://127.0.0.1:1"], base)))
