@@ -169,7 +169,7 @@ class Controller:
         now = self.clock()
         served = None if ctx.prompt_tokens is None else \
             max(0, ctx.prompt_tokens - (ctx.cached_tokens or 0)) + (ctx.completion_tokens or 0)
-        state.give(id(ctx), served, now)
+        state.give(id(ctx), served, now=now)
         state.completions.append(now)
         self.grant(state, ctx.snapshot.policy.scheduling)
 
@@ -210,7 +210,7 @@ class Controller:
         if not any(w.available(now) for w in state.workers):
             raise Unavailable(f"No healthy worker serves the model '{ctx.model}' right now.", "upstream_unavailable")
         if self._fits_now(state, scheduling, klass, now, flow=flow):
-            state.take(flow, id(ctx), cost, ctx.stream, now)
+            state.take(flow, id(ctx), cost, now=now, stream=ctx.stream)
             return
         deadline_s = self._max_wait(ctx, klass)
         # Premium is refused only at its deadline; nor is anything refused on a forecast while a worker's limit is
@@ -293,7 +293,7 @@ class Controller:
                 waiter.flow in self._fleet_over(state, scheduling, now):
             return False
         self._forget(state, waiter)
-        state.take(waiter.flow, id(waiter.ctx), waiter.cost, waiter.ctx.stream, now)
+        state.take(waiter.flow, id(waiter.ctx), waiter.cost, now=now, stream=waiter.ctx.stream)
         waiter.ctx.past_limit = True
         return True
 
@@ -315,7 +315,7 @@ class Controller:
             state.queued_bytes -= waiter.size
             if waiter.future.done():
                 continue
-            state.take(waiter.flow, id(waiter.ctx), waiter.cost, waiter.ctx.stream, now)
+            state.take(waiter.flow, id(waiter.ctx), waiter.cost, now=now, stream=waiter.ctx.stream)
             waiter.future.set_result(None)
 
     @staticmethod

@@ -47,18 +47,21 @@ class Flow:
     turn: int = 0  # the pool's grant count at its last grant (queues.PoolState.take)
     tokens_recent: float = 0.0  # tokens charged over about the last ACTIVE_S, as of ``accounted``
     slots_recent: float = 0.0  # slots held on average over about the last ACTIVE_S, as of ``accounted``
-    accounted: float = 0.0  # when ``held`` or the counter last changed
+    accounted: float = 0.0  # when ``held`` or the charges last changed
 
     def active(self, now: float) -> bool:
         return bool(self.held or self.waiters) or now - self.seen < ACTIVE_S
 
-    def account(self, now: float, held: int, tokens: float) -> None:
-        """At ``now`` the flow holds ``held`` more slots and is charged ``tokens`` more (over its weight): the
-        counter, and the recent averages brought up to ``now`` first."""
+    def account(self, now: float, held: int, tokens: float, charged_at: float) -> None:
+        """At ``now`` the flow holds ``held`` more slots and is charged ``tokens`` more (over its weight) on the
+        counter. The recent averages are brought up to ``now`` first; ``tokens`` count in the recent sum as of
+        ``charged_at``, the grant they belong to (a release's correction decays with its estimate, so what a
+        request leaves in the sum is the work done, decayed from its grant: never below zero)."""
         decay = math.exp(-max(0.0, now - self.accounted) / ACTIVE_S)
-        self.tokens_recent = self.tokens_recent * decay + tokens
+        since = math.exp(-max(0.0, now - charged_at) / ACTIVE_S)
+        self.tokens_recent = max(0.0, self.tokens_recent * decay + tokens * since)
         self.slots_recent = self.held + (self.slots_recent - self.held) * decay
-        self.accounted = now
+        self.accounted = max(self.accounted, now)
         self.held += held
         self.counter += tokens
 
@@ -174,16 +177,19 @@ class ClassQueue:
 
     def headroom(self, cap: int, now: float) -> tuple[set[Flow], int]:
         """The flows over their share, and the slots they leave free, at most ``cap``. Over its share is a flow
-        charged at least the active flows' mean number of tokens over about the last ACTIVE_S (the counter's own
-        measure, so a flood is over from its first grants, and a flow with many short requests is not over for
-        holding a slot). The others may need what they held on average over that time, plus one slot for the
-        next arrival, less what they hold now; at least one slot."""
+        charged at least the active flows' mean over about the last ACTIVE_S (the counter's measure: tokens over
+        the weight, estimates while in flight, the work done once released; so a flood is over from its first
+        grants, and a flow of many short requests is not over for holding a slot). The others may need what they
+        held on average over that time, plus one slot for the next arrival, less what they hold now; at least
+        one slot. With every active flow alike, none is over."""
         active = self.active(now)
         if len(active) < 2 or cap <= 0:
             return set(), 0
         share = sum(f.recent_tokens(now) for f in active) / len(active)
         over = {f for f in active if f.recent_tokens(now) >= share}
         under = [f for f in active if f not in over]
+        if not under:  # all alike: nobody to keep room for
+            return set(), 0
         need = math.ceil(sum(f.recent_slots(now) for f in under)) + 1 - sum(f.held for f in under)
         return over, min(max(1, need), cap)
 

@@ -19,6 +19,7 @@ class Grant:
 
     flow: Flow
     charged: float
+    at: float  # when it was granted
 
 
 @dataclass
@@ -42,7 +43,7 @@ class PoolState:
     elsewhere: dict[str, dict[str, int]] = field(default_factory=dict)  # class -> tenant -> what the other gateway
     # processes report it holds in this pool (their heartbeats: Controller.fleet_changed)
 
-    def take(self, flow: Flow, key: int, cost: float, stream: bool = False, now: float = 0.0) -> None:
+    def take(self, flow: Flow, key: int, cost: float, *, now: float, stream: bool = False) -> None:
         """A slot granted to the request ``key`` of ``flow``, charged ``cost`` tokens until its release; ``stream``:
         it is starting (before its first token) from ``now``."""
         self.granted += 1
@@ -50,13 +51,13 @@ class PoolState:
         self.held_in[flow.klass] += 1
         flow.turn = self.turns
         charged = cost / flow.weight
-        flow.account(now, 1, charged)
+        flow.account(now, 1, charged, now)
         flow.pending += charged
-        self.grants[key] = Grant(flow, charged)
+        self.grants[key] = Grant(flow, charged, now)
         if stream:
             self.starting[key] = now
 
-    def give(self, key: int, served: float | None = None, now: float = 0.0) -> Flow | None:
+    def give(self, key: int, served: float | None = None, *, now: float) -> Flow | None:
         """The request ``key`` gave its slot back at ``now``; ``served``: the tokens the engine worked for it (None:
         its grant's estimate stands)."""
         self.starting.pop(key, None)
@@ -66,7 +67,7 @@ class PoolState:
         self.granted -= 1
         self.held_in[grant.flow.klass] -= 1
         grant.flow.pending -= grant.charged
-        grant.flow.account(now, -1, 0.0 if served is None else served / grant.flow.weight - grant.charged)
+        grant.flow.account(now, -1, 0.0 if served is None else served / grant.flow.weight - grant.charged, grant.at)
         return grant.flow
 
     @property

@@ -176,11 +176,11 @@ def _watch_grants(state: PoolState, trace: Trace) -> None:
     """Record, at every grant, a lower class granted while premium waits."""
     take = state.take
 
-    def watched(flow: Flow, key: int, cost: float, stream: bool = False, now: float = 0.0) -> None:
+    def watched(flow: Flow, key: int, cost: float, *, now: float, stream: bool = False) -> None:
         if flow.klass != "premium" and state.queues["premium"].count:
             trace.behind.append(f"{flow.klass} of {flow.tenant} granted beside {state.queues['premium'].count} "
                                 "premium waiting")
-        take(flow, key, cost, stream, now)
+        take(flow, key, cost, now=now, stream=stream)
 
     state.take = watched  # type: ignore[method-assign]
 

@@ -9,10 +9,15 @@ from __future__ import annotations
 import ast
 import asyncio
 import dataclasses
+import math
 from pathlib import Path
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gateway.policy.schema import Pool
-from gateway.scheduling.flows import ACTIVE_S, Waiter
+from gateway.scheduling.flows import ACTIVE_S, Flow, Waiter
 from gateway.scheduling.queues import PoolState, QueueView
 
 GATEWAY = Path(__file__).resolve().parents[3] / "gateway"
@@ -93,11 +98,11 @@ def test_a_flow_is_created_on_arrival_and_collected_when_idle_without_credit() -
     state = PoolState("p", [], Pool.model_validate({"workers": ["http://w0"]}))
     queue = state.queues["standard"]
     gone, ahead, busy = (queue.arrive("standard", t, 1.0, 100.0) for t in ("gone", "ahead", "busy"))
-    state.take(busy, 1, 50)
-    state.give(1, 70.0)  # its estimate corrected to the work done
-    state.take(busy, 3, 50)
-    state.take(ahead, 2, 500)
-    state.give(2, 400.0)
+    state.take(busy, 1, 50, now=100.0)
+    state.give(1, 70.0, now=100.0)  # its estimate corrected to the work done
+    state.take(busy, 3, 50, now=100.0)
+    state.take(ahead, 2, 500, now=100.0)
+    state.give(2, 400.0, now=100.0)
     assert (busy.counter, busy.pending, ahead.counter, gone.counter) == (120, 50, 400, 0)
     state.collect(100.0 + ACTIVE_S - 0.1)
     assert set(queue.flows) == {"gone", "ahead", "busy"}, "all asked within ACTIVE_S"
@@ -105,7 +110,7 @@ def test_a_flow_is_created_on_arrival_and_collected_when_idle_without_credit() -
     assert set(queue.flows) == {"ahead", "busy"}, "idle, and no counter above the lift: collected"
     back = queue.arrive("standard", "gone", 1.0, 200.0)
     assert back is not gone and back.counter == 70, "a returning flow starts at the busy flows' least, less in flight"
-    state.give(3)
+    state.give(3, now=300.0)
     state.collect(300.0)
     assert queue.flows == {}, "none busy: every idle flow goes"
 
@@ -113,6 +118,60 @@ def test_a_flow_is_created_on_arrival_and_collected_when_idle_without_credit() -
 def test_weights_divide_the_charge() -> None:
     state = PoolState("p", [], Pool.model_validate({"workers": ["http://w0"]}))
     heavy = state.queues["premium"].arrive("premium", "h", 2.0, 0.0)
-    state.take(heavy, 1, 100)
-    state.give(1, 300.0)
+    state.take(heavy, 1, 100, now=0.0)
+    state.give(1, 300.0, now=1.0)
     assert heavy.counter == 150 and heavy.held == 0 and state.granted == state.premium == 0
+
+
+@st.composite
+def grants(draw: st.DrawFn) -> list[tuple[float, int, float, float]]:
+    """A flow's requests: (granted at, held for, estimate, work done), the work often far below the estimate (a
+    prompt served from the prefix cache, an answer shorter than max_tokens)."""
+    out, at = [], 0.0
+    for _ in range(draw(st.integers(1, 12))):
+        at += draw(st.floats(0.0, 5.0))
+        estimate = draw(st.floats(1.0, 4096.0))
+        out.append((at, draw(st.floats(0.0, 30.0)), estimate, draw(st.floats(0.0, 1.0)) * estimate))
+    return out
+
+
+def _recent_tokens_follow_the_work_done(requests: list[tuple[float, float, float, float]]) -> None:
+    state = PoolState("p", [], Pool.model_validate({"workers": ["http://w0"]}))
+    flow = state.queues["standard"].arrive("standard", "t", 2.0, 0.0)
+    events = sorted([(at, 0, i) for i, (at, _, _, _) in enumerate(requests)] +
+                    [(at + held, 1, i) for i, (at, held, _, _) in enumerate(requests)])
+    taken: set[int] = set()
+    released: set[int] = set()
+    for now, kind, i in events:
+        _, _, estimate, done = requests[i]
+        if kind == 0:
+            state.take(flow, i, estimate, now=now)
+            taken.add(i)
+        else:
+            state.give(i, done, now=now)
+            released.add(i)
+        expected = sum((requests[j][3] if j in released else requests[j][2]) / 2.0
+                       * math.exp(-(now - requests[j][0]) / ACTIVE_S)
+                       for j in taken)
+        assert flow.recent_tokens(now) == pytest.approx(expected, rel=1e-6, abs=1e-6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(requests=grants())
+def test_a_flows_recent_tokens_are_its_work_done_decayed_from_each_grant(
+        requests: list[tuple[float, float, float, float]]) -> None:
+    """What the headroom compares: each request counts its estimate (over the weight) while in flight and the
+    work done once released, decayed from its grant with the ACTIVE_S time constant; never below zero."""
+    _recent_tokens_follow_the_work_done(requests)
+
+
+def test_the_recent_tokens_check_catches_an_undecayed_correction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Positive control: a release's correction counted at full weight (not decayed with its estimate) leaves a
+    long request's flow below its work done, below zero when the work is far under the estimate."""
+    long_request = [(0.0, 20.0, 1000.0, 100.0)]
+    _recent_tokens_follow_the_work_done(long_request)
+    original = Flow.account
+    monkeypatch.setattr(Flow, "account", lambda self, now, held, tokens, charged_at:
+                        original(self, now, held, tokens, now))
+    with pytest.raises(AssertionError):
+        _recent_tokens_follow_the_work_done(long_request)
