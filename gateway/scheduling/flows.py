@@ -25,6 +25,7 @@ import abc
 import asyncio
 import collections
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -32,6 +33,7 @@ from gateway.context import RequestContext
 from gateway.policy.schema import SchedulingPolicy
 
 ACTIVE_S = 10.0  # a flow that asked within this long is active (others hold its headroom), queued or not
+STARTS_AT_ONCE = 0.95  # of a quiet flow's arrivals, the share the headroom is sized to start at once (the SLOs' p95)
 
 
 @dataclass(eq=False, slots=True)
@@ -138,6 +140,8 @@ class ClassQueue:
             flow = self.flows[tenant] = Flow(klass, tenant, weight)
         if not flow.held and not flow.waiters:
             flow.counter = max(flow.counter, self._floor())
+            if not flow.active(now):  # back from idle: its slots average stands as it was when it last ran
+                flow.tokens_recent, flow.accounted = flow.recent_tokens(now), now
         flow.weight, flow.seen = weight, now
         return flow
 
@@ -179,9 +183,12 @@ class ClassQueue:
         """The flows over their share, and the slots they leave free, at most ``cap``. Over its share is a flow
         charged at least the active flows' mean over about the last ACTIVE_S (the counter's measure: tokens over
         the weight, estimates while in flight, the work done once released; so a flood is over from its first
-        grants, and a flow of many short requests is not over for holding a slot). The others may need what they
-        held on average over that time, plus one slot for the next arrival, less what they hold now; at least
-        one slot. With every active flow alike, none is over."""
+        grants, and a flow of many short requests is not over for holding a slot). The others are kept what
+        their arrivals find in use at the STARTS_AT_ONCE quantile, plus one slot for the arrival itself, less
+        what they hold now; at least one slot. What an arrival finds in use is read as Poisson with the slots they
+        held on average (requests that arrive at random and each hold a slot for a while: M/G/infinity), so at
+        least STARTS_AT_ONCE of their arrivals start at once while the cap allows. With every active flow alike,
+        none is over."""
         active = self.active(now)
         if len(active) < 2 or cap <= 0:
             return set(), 0
@@ -190,7 +197,8 @@ class ClassQueue:
         under = [f for f in active if f not in over]
         if not under:  # all alike: nobody to keep room for
             return set(), 0
-        need = math.ceil(sum(f.recent_slots(now) for f in under)) + 1 - sum(f.held for f in under)
+        usage = sum(f.recent_slots(now) for f in under)
+        need = poisson_quantile(usage, STARTS_AT_ONCE) + 1 - sum(f.held for f in under)
         return over, min(max(1, need), cap)
 
     def victim(self, spared: Flow, queued: bool) -> Waiter | None:
@@ -233,3 +241,17 @@ class ClassQueue:
         busy = [f.counter - f.pending for f in self.flows.values() if f.waiters] or \
             [f.counter - f.pending for f in self.flows.values() if f.held]
         return min(busy, default=-math.inf)
+
+
+def poisson_quantile(mean: float, p: float) -> int:
+    """The least n with P(N <= n) >= p for N ~ Poisson(``mean``); past a mean of 100 the normal approximation
+    (its p95 within a slot of the exact one there)."""
+    if mean > 100:
+        return math.ceil(mean + statistics.NormalDist().inv_cdf(p) * math.sqrt(mean))
+    term = total = math.exp(-mean)
+    n = 0
+    while total < p:
+        n += 1
+        term *= mean / n
+        total += term
+    return n
