@@ -465,8 +465,8 @@ class SchedulingPolicy(Strict):
                                                        "Token Counter), or the oldest request (for comparison)")
     tenant_headroom: float = Field(0.75, ge=0, lt=1, description="while two or more tenants of a class are active, "
                                    "those served an equal weighted share of the recent tokens or more leave free "
-                                   "what the others have been using, plus one slot, up to this share of the class's "
-                                   "slots; 0: none")
+                                   "what the others' arrivals find in use at the 95th percentile, plus one slot, up "
+                                   "to this share of the class's slots; 0: none")
     max_queued: int = Field(10_000, ge=1, description="queued requests per class; more are shed")
     max_queued_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="queued request bodies, all classes")
     tiers: dict[Tier, TierScheduling] = Field(default_factory=dict)

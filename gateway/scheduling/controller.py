@@ -7,9 +7,9 @@ Guarantees:
   when nothing interactive waits and ``batch_headroom`` stays free.
 - Inside a class, flows (one per tenant) and the fairness policy (gateway.scheduling.flows): the served-token
   counter by default, ``fcfs`` for comparison. While two or more flows of a class are active, the flows served
-  their equal share of the recent tokens or more leave free what the others have been using, plus one slot
-  (flows.ClassQueue.headroom; ``tenant_headroom``, the cap). No slot stays free while a request that may take it
-  waits, beyond these reserves.
+  their equal share of the recent tokens or more leave free what the others' arrivals find in use at the p95,
+  plus one slot (flows.ClassQueue.headroom; ``tenant_headroom``, the cap). No slot stays free while a request
+  that may take it waits, beyond these reserves.
 - Paced by prefill, while two or more tenants hold or queue requests in the pool: no request is granted while
   as many streams before their first token as the pool's steady flow needs are starting (its completions a
   second times the workers' least TTFT, plus one per worker; a stream without its first token after
