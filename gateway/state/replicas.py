@@ -3,7 +3,8 @@
 Why split: a worker's limit is split between the processes rather than counted in Redis per request.
 Counting would add a Redis round trip to every admission and every release (and a leaked count for each
 request a killed process held); the split costs nothing per request and never lets the processes together
-hand a worker more than its limit. What it costs: a process's unused part is not lent to another, so with
+hand a worker more than its limit, or than one request each when there are more processes than its limit
+(``Share.of_limit``). What it costs: a process's unused part is not lent to another, so with
 uneven load across replicas a worker may idle below its limit (the load balancer evens the load out; the
 two-replica overload run in loadtest/RESULTS.md measures it).
 
@@ -64,13 +65,16 @@ class Share:
     ready: bool = True
 
     def of_limit(self, limit: int) -> int:
-        """limit // of, the remainder to the lowest indexes: the parts add up to the limit, never more (a
-        process whose part is 0 sends that worker nothing)."""
+        """limit // of, the remainder to the lowest indexes, and at least one of a worker that runs anything:
+        the parts add up to ``max(limit, of)`` when ``limit`` > 0, so they exceed the limit only when it is
+        below the number of processes, by at most ``of - limit``. A process with no part of a worker would queue
+        its requests there until their deadline while the worker idled (a replica of three in front of an
+        engine that runs two); one request too many waits in the engine's own queue instead."""
         if not self.ready:
             return 0
-        if self.of == 1:
-            return limit
-        return limit // self.of + (1 if self.index < limit % self.of else 0)
+        if self.of == 1 or limit <= 0:
+            return max(limit, 0)
+        return max(1, limit // self.of + (1 if self.index < limit % self.of else 0))
 
 
 ALONE = Share()

@@ -123,10 +123,45 @@ def test_each_process_takes_its_share_of_a_workers_limit() -> None:
     assert shares == [3, 2] and sum(shares) == 5, "two processes never hand it more than it runs"
     assert worker_slots(worker, spec, scheduling, 100.5) == 5
     many = [worker_slots(worker, spec, scheduling, 100.5, Share(i, 7)) for i in range(7)]
-    assert sum(many) == 5 and many.count(0) == 2, "more processes than slots: some send this worker nothing"
+    assert many == [1] * 7, "more processes than slots: one each (two wait in the engine's queue, not in ours)"
     assert worker_slots(worker, spec, scheduling, 100.5, Share(0, 2, ready=False)) == 0, "a newcomer waits"
     worker.agreed.excess = 2  # another process still holds two beyond its (shrunk) part
     assert worker_slots(worker, spec, scheduling, 100.5, Share(1, 2)) == 0, "room left for the others to drain"
+
+
+def test_each_replica_serves_in_front_of_an_engine_that_runs_one_request(start_sim: Callable[..., Proc],
+                                                                       start_gateway: Callable[..., Proc]) -> None:
+    """Two gateways share one Redis in front of an engine that runs one request at a time (a small CPU engine's
+    max_num_seqs). Once a flood through one of them has shown that limit and both agreed on it, each still serves:
+    a replica with no part of the worker would hold its requests until their deadline while the engine idled."""
+    from tests.conftest import ADMIN_TOKEN, REDIS_URL
+
+    sim = start_sim("--max-num-seqs", "1", "--decode-base-ms", "10", "--decode-per-seq-ms", "0",
+                    "--mean-output-tokens", "0")
+    policy = policy_dict([sim.url])
+    policy["state"] = {"redis_url": REDIS_URL, "namespace": f"one-seq-{os.getpid()}-{time.monotonic_ns()}"}
+    a, b = start_gateway(policy), start_gateway(policy)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "count"}], "max_tokens": 24}
+
+    def ask(gw: Proc) -> int:
+        return httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=30,
+                          headers={"authorization": f"Bearer {DEMO_KEY}"}).status_code
+
+    def main_pool(gw: Proc) -> dict[str, Any]:
+        return httpx.get(gw.url + "/admin/queues", timeout=10,  # type: ignore[no-any-return]
+                         headers={"authorization": f"Bearer {ADMIN_TOKEN}"}).json()["pools"]["main"]
+
+    def agreed_on_one() -> bool:
+        views = [main_pool(gw) for gw in (a, b)]
+        return all(v["agreed_limits"] == {sim.url: 1} and v["share"]["of"] == 2 and v["share"]["ready"]
+                   for v in views)
+
+    deadline = time.monotonic() + 60
+    with ThreadPoolExecutor(4) as pool:  # four at once through a: the engine runs one and queues the rest
+        while not agreed_on_one():
+            assert time.monotonic() < deadline, ("the engine's limit of one was learned and agreed", main_pool(a))
+            assert all(status in (200, 429) for status in pool.map(lambda _: ask(a), range(4)))
+    assert [ask(a), ask(b)] == [200, 200], "each replica has a part of the worker"
 
 
 @pytest.mark.parametrize("metrics", ["missing", "hang", "huge"])
