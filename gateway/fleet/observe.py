@@ -24,6 +24,9 @@ _GAUGES: dict[bytes, str] = {
     # sample) changes when the engine restarts, and the counter itself goes back
     b"vllm:prefix_cache_queries_created": "prefix_created",
     b"vllm:prefix_cache_queries_total": "prefix_queries",
+    # the tokens the engine has generated: the count moves at the end of each step that ran, so two reads with
+    # the same count saw one moment of the engine (a long prefill step) twice
+    b"vllm:generation_tokens_total": "generated",
     b"sglang:num_running_reqs": "running",
     b"sglang:num_queue_reqs": "waiting",
     b"sglang:token_usage": "kv_usage",
@@ -130,6 +133,7 @@ async def scrape(worker: Worker, client: Client, timeout_s: float, unhealthy_aft
     observed.running = load.get("running", 0.0)
     observed.waiting = load.get("waiting", 0.0)
     observed.kv_usage = load.get("kv_usage", 0.0)
+    observed.generated = load.get("generated", 0.0)
     if "prefix_queries" in load:  # the engine's process, for the prefix index (see _GAUGES)
         queries, created = load["prefix_queries"], load.get("prefix_created", 0.0)
         if queries < observed.prefix_queries or (created and observed.prefix_created

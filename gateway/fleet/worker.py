@@ -26,6 +26,7 @@ class Observed:
     running: float = 0.0  # the engine's running requests
     waiting: float = 0.0  # the engine's own queue
     kv_usage: float = 0.0  # 0..1
+    generated: float = 0.0  # the tokens the engine has generated (its counter; 0: not said)
     prefix_queries: float = 0.0  # vLLM's prefix_cache_queries counter at the last read
     prefix_created: float = 0.0  # and its creation time (0: not said)
     cache_epoch: int = 0  # restarts seen: the counter went back or was created anew (its prefix cache empty)
@@ -39,6 +40,7 @@ class Observed:
 class Learned:
     limit: int = 0  # the concurrency learned so far; 0 before the first read
     queued_reads: int = 0  # consecutive metrics reads with requests waiting in the engine
+    generated_read: float = 0.0  # the engine's generated tokens at the last read learned from
     hold_reads: int = 0  # reads left before the limit may probe upwards again
     limit_found: bool = False  # the engine has shown its limit (requests waiting) at least once
     recent_running: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=8))

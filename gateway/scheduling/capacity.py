@@ -63,13 +63,18 @@ def learn(worker: Worker, ceiling: int, wanted: bool = False) -> None:
 
     A request that arrived just before the scrape shows as waiting for one engine step even when the engine
     has room, so only two reads in a row with requests waiting lower the limit, and to the most the engine
-    ran in its last eight reads, not at this one: under churn (short requests finishing and new ones arriving
-    between steps) a read often catches a slot in passing, and trusting it shrank the limit below what the
-    engine runs. Nor while what it runs still moves (_at_plateau). Why each, measured:
-    docs/decisions/003-scheduler-fairness.md."""
+    ran in its last eight reads, not at this one. A read at which the engine has not stepped since the one
+    before (its generated-token counter has not moved: one long prefill step, read twice) teaches nothing and
+    is skipped; an engine that reports no counter is taken to step between reads. Under churn (short requests
+    finishing and new ones arriving between steps) a read often catches a slot in passing, and trusting it
+    shrank the limit below what the engine runs. Nor while what it runs still moves (_at_plateau). Why each,
+    measured: docs/decisions/003-scheduler-fairness.md."""
     learned, observed = worker.learned, worker.observed
     if observed.metrics_error is not None:
         return  # nothing new was read
+    if observed.generated and observed.generated == learned.generated_read:
+        return  # the engine has not stepped since the last read (a long prefill): the same moment, read again
+    learned.generated_read = observed.generated
     current = learned.limit or min(ceiling, START_LIMIT)
     learned.recent_running.append(observed.running)
     if observed.waiting > 0:

@@ -6,6 +6,8 @@ import asyncio
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.context import RequestContext
 from gateway.endpoints import CHAT
@@ -618,6 +620,27 @@ def test_churn_does_not_shrink_the_learned_limit() -> None:
         worker.observed.running, worker.observed.waiting = running, waiting
         learn(worker, ceiling=4)
     assert worker.learned.limit == 4, "the engine ran 4 in recent reads: that is its concurrency"
+
+
+@given(reads=st.integers(2, 12), running=st.integers(1, 6), generated=st.integers(1, 10**6))
+def test_reads_within_one_engine_step_are_one_reading(reads: int, running: int, generated: int) -> None:
+    """A long prefill step (a 2,048-token prompt on a CPU engine: seconds) read several times shows the request
+    that arrived during it as waiting at every read; its generated-token counter has not moved, so the reads are
+    one moment of the engine and the limit stays. Once the engine steps and requests still wait, it is lowered."""
+    worker = live_worker("http://w", limit=8)
+    worker.observed.running, worker.observed.waiting, worker.observed.generated = running, 1, generated
+    for _ in range(reads):
+        learn(worker, ceiling=64)
+    assert worker.learned.limit == 8
+    worker.observed.generated += running  # one step: each running sequence generated a token
+    learn(worker, ceiling=64)
+    assert worker.learned.limit == running, "two readings with requests waiting: what it runs"
+    # positive control: the same reads without the counter (the learner blind to steps) lower it at once
+    silent = live_worker("http://w", limit=8)
+    silent.observed.running, silent.observed.waiting = running, 1
+    learn(silent, ceiling=64)
+    learn(silent, ceiling=64)
+    assert silent.learned.limit == running
 
 
 def test_a_climbing_load_is_no_cap() -> None:
