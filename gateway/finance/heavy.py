@@ -124,12 +124,20 @@ class Spool:
         """Append ``data``; raises ``InvalidRequest`` (``report_too_large``) past MAX_BODY_BYTES, the spool closed."""
         raw = data.encode() if isinstance(data, str) else data
         if self.size + len(raw) > MAX_BODY_BYTES:
-            self.file.close()
-            raise InvalidRequest(f"This report would be over {MAX_BODY_BYTES >> 20} MiB: narrow its period, its "
-                                 "tenant or its grouping, or read the ledger's pages (GET /admin/ledger).",
-                                 "report_too_large")
+            raise self._too_large()
         self.file.write(raw)
         self.size += len(raw)
+
+    def writer(self) -> BoundedWriter:
+        """The spool as a binary file for a library that writes a body itself (openpyxl's zip writer seeks back
+        over what it wrote), held to the same bound."""
+        return BoundedWriter(self)
+
+    def _too_large(self) -> InvalidRequest:
+        self.file.close()
+        return InvalidRequest(f"This report would be over {MAX_BODY_BYTES >> 20} MiB: narrow its period, its "
+                              "tenant or its grouping, or read the ledger's pages (GET /admin/ledger).",
+                              "report_too_large")
 
     def csv(self, columns: Sequence[str], rows: Iterable[dict[str, Any]], batch: int = 2000) -> None:
         """A header and ``rows`` (cells as they are: format them first), ``batch`` rows per write."""
@@ -157,3 +165,35 @@ class Spool:
         if parts:
             self.write((b"" if first else b",") + b",".join(parts))
         self.write(b"]")
+
+
+class BoundedWriter(io.RawIOBase):
+    """A write-only, seekable view of a ``Spool``'s file: a write that would end past MAX_BODY_BYTES raises as
+    ``Spool.write`` does; ``Spool.size`` follows the furthest byte written."""
+
+    def __init__(self, spool: Spool) -> None:
+        self.spool = spool
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        end = self.spool.file.tell() + view.nbytes
+        if end > MAX_BODY_BYTES:
+            raise self.spool._too_large()
+        self.spool.file.write(view)
+        self.spool.size = max(self.spool.size, end)
+        return view.nbytes
+
+    def tell(self) -> int:
+        return self.spool.file.tell()
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self.spool.file.seek(offset, whence)
+
+    def flush(self) -> None:
+        self.spool.file.flush()

@@ -120,8 +120,7 @@ def document(store: LedgerStore, month: str, tenant: str | None, fmt: str, given
         body.csv(CSV_COLUMNS, ({k: cell(v) for k, v in row.items()} for row in csv_rows(out)))
     elif fmt == "xlsx":
         with words.speaking(given.lang), money.shown_in(shown):
-            write_xlsx(out, body.file)
-        body.size = body.file.tell()
+            write_xlsx(out, body.writer())
     elif fmt == "html":
         with words.speaking(given.lang), money.shown_in(shown):
             body.write(to_html(out))
@@ -218,7 +217,7 @@ def to_xlsx(out: dict[str, Any]) -> bytes:
     return data.getvalue()
 
 
-def write_xlsx(out: dict[str, Any], into: IO[bytes]) -> None:
+def write_xlsx(out: dict[str, Any], into: IO[bytes] | io.RawIOBase) -> None:
     """The statement as a workbook written into ``into`` (blocking: on a thread). openpyxl's write-only mode:
     each sheet's rows go to a temporary file as they are appended, so a workbook costs its rows' text, not a
     cell object per value (a sheet per view, and one per tenant when all are shown)."""
