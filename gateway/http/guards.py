@@ -15,7 +15,7 @@ from starlette.responses import Response
 from gateway.auth import admin_actor, identify, is_admin, token_matches
 from gateway.errors import NotAuthenticated, NotPermitted
 from gateway.http.asgi import request_headers
-from gateway.http.sessions import COOKIE, Principal, Sessions, over_tls, same_origin
+from gateway.http.sessions import Principal, Sessions, over_tls, same_origin, session_cookie
 from gateway.policy.loader import PolicySnapshot, TenantView
 from gateway.runtime import Gateway
 
@@ -43,7 +43,7 @@ def sessions_of(request: Request) -> Sessions:
 async def signed_in(request: Request, snapshot: PolicySnapshot) -> Principal | None:
     """Who the request's session cookie holds, when it carries no Authorization (a bearer always speaks first).
     A session's request that changes something without the console's header and this site's origin is 403."""
-    cookie = request.cookies.get(COOKIE)
+    cookie = request.cookies.get(session_cookie(over_tls(request, snapshot.policy.server.trusted_proxies)))
     if cookie is None or authorization(request) is not None:
         return None
     principal = await sessions_of(request).principal(snapshot, cookie)
@@ -70,9 +70,9 @@ async def require_admin(request: Request) -> str:
 def start_session(request: Request, response: Response, snapshot: PolicySnapshot, principal: Principal) -> None:
     """Give ``response`` a new session cookie for ``principal`` (HttpOnly, SameSite=Strict, Secure over TLS)."""
     policy = snapshot.policy.server
-    response.set_cookie(COOKIE, sessions_of(request).issue(snapshot, principal), max_age=int(policy.session_s),
-                        httponly=True, samesite="strict", path="/",
-                        secure=over_tls(request, policy.trusted_proxies))
+    secure = over_tls(request, policy.trusted_proxies)
+    response.set_cookie(session_cookie(secure), sessions_of(request).issue(snapshot, principal),
+                        max_age=int(policy.session_s), httponly=True, samesite="strict", path="/", secure=secure)
 
 
 def _described(principal: Principal) -> str:

@@ -31,7 +31,7 @@ from gateway.http.asgi import read_body, request_headers
 from gateway.http.guards import gateway_of, holds_report_token, reads_reports, sessions_of, start_session
 from gateway.http.reports import parse_tenant
 from gateway.http.responses import spooled
-from gateway.http.sessions import COOKIE, Principal, Role, on_to, same_origin
+from gateway.http.sessions import Principal, Role, on_to, over_tls, same_origin, session_cookie
 from gateway.spend.alerts import public
 
 LOGIN_BYTES = 4096
@@ -102,9 +102,11 @@ async def logout(request: Request) -> Response:
     """End the caller's session; a cookie that holds none (forged, expired) is only cleared."""
     if not same_origin(request):
         raise NotPermitted("Sign out from this gateway's own page.", "cross_origin")
-    await sessions_of(request).revoke(gateway_of(request).store.current, request.cookies.get(COOKIE))
+    snapshot = gateway_of(request).store.current
+    secure = over_tls(request, snapshot.policy.server.trusted_proxies)
+    await sessions_of(request).revoke(snapshot, request.cookies.get(session_cookie(secure)))
     response = RedirectResponse(on_to(request.query_params.get("next", "")), 303)
-    response.delete_cookie(COOKIE, path="/")
+    response.delete_cookie(session_cookie(secure), path="/", secure=secure)
     return response
 
 

@@ -14,7 +14,8 @@ revokes only a session this gateway signed and that still holds: its nonce is re
 expired, only has its cookie cleared: a sign-out that needs no session must not be a way to fill memory or Redis.
 
 The cookie is HttpOnly, SameSite=Strict, and Secure when the request came over TLS, directly or through a
-proxy in ``server.trusted_proxies`` that says so in ``X-Forwarded-Proto``. A sign-in POST whose ``Origin``
+proxy in ``server.trusted_proxies`` that says so in ``X-Forwarded-Proto``; over TLS it is named with the
+``__Host-`` prefix and only that name is read (``session_cookie``). A sign-in POST whose ``Origin``
 names another site is refused (a login form on another site cannot sign a browser in).
 """
 
@@ -43,7 +44,10 @@ if TYPE_CHECKING:
     from gateway.state import SharedState
 
 log = logging.getLogger("tollgate.sessions")
-COOKIE = "tollgate_session"
+COOKIE = "tollgate_session"  # over plain HTTP (a local demo): Secure cannot be set there
+# Over TLS: a __Host- cookie is Secure, Path=/ and has no Domain, so no other site can set it, a sibling subdomain
+# included (it could otherwise plant its own signed-in session in an admin's browser: session fixation)
+SECURE_COOKIE = "__Host-tollgate_session"
 Role = Literal["admin", "finance", "tenant"]
 SIGN_IN_PAGES = ("/console", "/reports")  # where a sign-in or a sign-out goes on to: these, and nowhere else
 REVOKED_MAX = 10_000  # sign-outs this process remembers (1.8 MB measured); past it, the one ending soonest is let go
@@ -228,6 +232,11 @@ def _principal(role: str, who: str) -> Principal | None:
         tenant = _unb64(role.removeprefix("tenant-"))
         return Principal("tenant", tenant, person) if tenant and person is not None else None
     return None
+
+
+def session_cookie(secure: bool) -> str:
+    """The session cookie's name: only the __Host- one is read or written over TLS."""
+    return SECURE_COOKIE if secure else COOKIE
 
 
 def over_tls(request: Request, trusted: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:

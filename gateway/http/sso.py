@@ -42,7 +42,7 @@ from gateway.policy.loader import PolicySnapshot
 from gateway.policy.schema import Sso
 
 log = logging.getLogger("tollgate.sso")
-FLOW_COOKIE = "tollgate_sso"
+FLOW_COOKIE = "tollgate_sso"  # over TLS "__Secure-tollgate_sso" (it lives under /auth/sso, so not __Host-)
 FLOW_S = 600  # how long a sign-in may take at the provider (why: docs/decisions/012)
 BROWSER_COOKIE_BYTES = 4096  # what every browser keeps of one cookie, its name and attributes with it (RFC 6265)
 TIMEOUT_S = 10.0  # for each call to the provider
@@ -194,7 +194,7 @@ def _callback_url(request: Request, snapshot: PolicySnapshot) -> str:
 
 def _read_flows(request: Request) -> dict[str, Any]:
     """The sign-ins begun in this browser (Authlib's state data), from the flow cookie if it is ours and fresh."""
-    raw = request.cookies.get(FLOW_COOKIE, "")
+    raw = request.cookies.get(_flow_cookie(request), "")
     body, _, signature = raw.rpartition(".")
     if not body or not raw.isascii() or not hmac.compare_digest(signature, _sign(request, body)):
         return {}
@@ -213,7 +213,9 @@ def _write_flows(request: Request, response: Response, flows: dict[str, Any]) ->
     for entry in flows.values():
         entry["exp"] = min(entry["exp"], time.time() + FLOW_S)
     kept = dict(sorted(flows.items(), key=lambda kv: kv[1]["exp"]))
-    room = BROWSER_COOKIE_BYTES - len(FLOW_COOKIE) - 200  # its name, signature and attributes
+    secure = over_tls(request, gateway_of(request).store.current.policy.server.trusted_proxies)
+    name = _flow_cookie(request)
+    room = BROWSER_COOKIE_BYTES - len(name) - 200  # its name, signature and attributes
     body = ""
     while kept:
         body = base64.urlsafe_b64encode(orjson.dumps(kept)).decode().rstrip("=")
@@ -221,11 +223,16 @@ def _write_flows(request: Request, response: Response, flows: dict[str, Any]) ->
             break
         kept.pop(next(iter(kept)))  # the oldest
     if not kept:
-        response.delete_cookie(FLOW_COOKIE, path="/auth/sso")
+        response.delete_cookie(name, path="/auth/sso", secure=secure)
         return
-    secure = over_tls(request, gateway_of(request).store.current.policy.server.trusted_proxies)
-    response.set_cookie(FLOW_COOKIE, f"{body}.{_sign(request, body)}", max_age=FLOW_S, path="/auth/sso",
+    response.set_cookie(name, f"{body}.{_sign(request, body)}", max_age=FLOW_S, path="/auth/sso",
                         httponly=True, samesite="lax", secure=secure)
+
+
+def _flow_cookie(request: Request) -> str:
+    """The flow cookie's name: over TLS with the __Secure- prefix, which a page over plain HTTP cannot set."""
+    secure = over_tls(request, gateway_of(request).store.current.policy.server.trusted_proxies)
+    return "__Secure-" + FLOW_COOKIE if secure else FLOW_COOKIE
 
 
 def _sign(request: Request, body: str) -> str:

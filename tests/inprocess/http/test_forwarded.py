@@ -84,3 +84,40 @@ def test_the_sign_in_cookie_is_secure_only_behind_a_trusted_proxy_that_says_tls(
     assert "Secure" not in cookie(None), "loopback is not trusted by default"
     assert "Secure" in cookie(["127.0.0.1/32"])
     assert "Secure" not in cookie(["10.0.0.0/8"])
+
+
+def test_over_tls_only_the_host_prefixed_session_cookie_signs_in() -> None:
+    """Over TLS the session cookie is ``__Host-`` (Secure, Path=/, no Domain), and a cookie of the plain name is
+    not read there: a sibling subdomain can set that one in an admin's browser, with its own valid session in it.
+    Over plain HTTP (a local demo, where Secure cannot be set) the plain name is the only one."""
+    policy = policy_dict(["http://127.0.0.1:9"])
+    policy["server"]["trusted_proxies"] = ["127.0.0.1/32"]
+    app = create_app(PolicyStore(PolicySnapshot.build(Policy.model_validate(policy), "test")))
+    tls = {"x-forwarded-proto": "https"}
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 4000))  # type: ignore[arg-type]
+        async with app.app.router.lifespan_context(app.app), httpx.AsyncClient(transport=transport,
+                                                                      base_url="http://gw") as client:
+            secure = await client.post("/reports/login", data={"token": FINANCE_TOKEN}, headers=tls)
+            header = secure.headers["set-cookie"]
+            assert header.startswith("__Host-tollgate_session=") and "Secure" in header and "Path=/" in header
+            assert "domain" not in header.lower()
+            value = secure.cookies["__Host-tollgate_session"]
+            plain = await client.post("/reports/login", data={"token": FINANCE_TOKEN})
+            assert plain.headers["set-cookie"].startswith("tollgate_session=") and "Secure" not in plain.headers[
+                "set-cookie"]
+            client.cookies.clear()
+
+            async def costs(cookie: str, headers: dict[str, str]) -> int:
+                """401 signed out; signed in, this gateway without a ledger answers its 409."""
+                reply = await client.get("/admin/reports/costs", headers={"cookie": cookie, **headers})
+                return reply.status_code
+            assert await costs(f"__Host-tollgate_session={value}", tls) == 409
+            assert await costs(f"tollgate_session={value}", tls) == 401, "the plain name, planted: not read over TLS"
+            assert await costs(f"tollgate_session={plain.cookies['tollgate_session']}", {}) == 409
+            out = await client.post("/reports/logout", headers={"cookie": f"__Host-tollgate_session={value}",
+                                                                  "origin": "http://gw", **tls})
+            assert out.status_code == 303 and out.headers["set-cookie"].startswith("__Host-tollgate_session=")
+            assert await costs(f"__Host-tollgate_session={value}", tls) == 401, "signed out"
+    asyncio.run(main())
