@@ -14,9 +14,12 @@ agree; ``conflict`` names how they do not:
 
 Korean is read by kiwipiepy's morphological analyser: each noun phrase takes the role of the particle after it
 (이/가, 을/를, 에서, 로/으로, 에게/한테, 까지, 의, 보다 ...), and predicates are the analyser's lemmas (켜, 끄) and
-the nouns a 하다/되다 suffix turns into verbs (시작, 중지). English is read by a light parse of its own: a noun phrase
-after from/to/into/than/by/of takes that preposition's role, and the nearest content words before and after the
-verb take subject and object; the verb is the word a modal, "to" or a pronoun subject comes before.
+the nouns a 하다/되다 suffix turns into verbs (시작, 중지). A noun phrase is its nouns with a determiner or an
+adjective before them (주 서버, 큰 회사): each word takes the role, and so does a phrase of several words as a
+whole, so two phrases of one head noun (주 서버 / 복제 서버) that trade places are still seen to. English is read
+by a light parse of its own: a noun phrase after from/to/into/than/by/of takes that preposition's role ("to"
+before a determiner is always one), and the nearest content words before and after the verb take subject and
+object; the verb is the word a modal, "to" or a pronoun subject comes before.
 
 The analyser loads once, lazily, on first use (about a second); ``warm`` loads it ahead, off the event loop.
 Called on a thread that runs an event loop before it has loaded, ``korean_frame`` does not load it there: it
@@ -134,8 +137,8 @@ def conflict(a: Frame | None, b: Frame | None) -> str | None:
     # 파이썬으로: 코드 keeps its role, 파이썬 and 자바 trade theirs)
     for mine, theirs in ((a, b), (b, a)):
         for word, role in mine.roles.items():
-            if word in FILLER or word in theirs.roles or role not in _DIRECTIONAL:
-                continue
+            if word in FILLER or word in theirs.roles or role not in _DIRECTIONAL or " " in word:
+                continue  # (a whole phrase missing from the other question is its words, compared one by one)
             for other, other_role in theirs.roles.items():
                 if other_role == role and other in mine.roles and mine.roles[other] != role and other not in FILLER:
                     return "direction"
@@ -235,7 +238,7 @@ def _korean_frame(text: str) -> Frame:
     roles: dict[str, set[Role]] = {}
     predicates: dict[str, int] = {}  # lemma -> where its word starts
     phrase: list[str] = []
-    prefix = ""
+    prefix = modifier = ""
     end = -1  # where the last noun ended: a noun glued to it is one word with it (집주인 read as 집 + 주인)
     for i, tok in enumerate(tokens):
         form, tag = tok.form, tok.tag.split("-")[0]
@@ -255,7 +258,7 @@ def _korean_frame(text: str) -> Frame:
             # a word the analyser does not know, its particle left on (바트로): split it off
             particle = next(p for p in _KO_GLUED if form.endswith(p))
             phrase.append((prefix + form[: -len(particle)]).lower())
-            for word in phrase:
+            for word in _arguments(phrase):
                 roles.setdefault(word, set()).add(_KO_ROLE_OF_PARTICLE[particle])
             phrase.clear()
             prefix = ""
@@ -264,7 +267,16 @@ def _korean_frame(text: str) -> Frame:
             if phrase and tok.start == end and not prefix:
                 phrase[-1] += form.lower()
             else:
+                if modifier and not phrase:
+                    phrase.append(modifier)
                 phrase.append((prefix + form).lower())
+            end = tok.start + tok.len
+            prefix = modifier = ""
+            continue
+        if tag == "MM" and not (form == "이" and tok.start == end):
+            # a determiner is part of its noun phrase (주 서버 and 복제 서버: the analyser reads the same 주 as a
+            # noun in one question and a determiner in the other)
+            phrase.append((prefix + form).lower())
             end = tok.start + tok.len
             prefix = ""
             continue
@@ -296,15 +308,25 @@ def _korean_frame(text: str) -> Frame:
                 elif not phrase or tok.start != end:
                     phrase = [*phrase[:-1], written] if phrase and tok.start != end else [written]
         if role is not None and phrase:
-            for word in phrase:
+            for word in _arguments(phrase):
                 roles.setdefault(word, set()).add(role)
         if tag in ("VV", "VA") and form not in _KO_LIGHT:
             predicates[form] = tok.start
         if tag.startswith("J") or tag[0] in "VEM" or tag.startswith("S"):
             phrase.clear()
         end = -1
+        # an adjective before a noun is part of its phrase (큰 회사, 작은 회사): kept across its ending (-ㄴ)
+        following = tokens[i + 1].tag if i + 1 < len(tokens) else ""
+        modifier = form if tag == "VA" and following == "ETM" else modifier if tag == "ETM" else ""
     return Frame(MappingProxyType({w: next(iter(r)) for w, r in roles.items() if len(r) == 1}),
                  frozenset(predicates))
+
+
+def _arguments(phrase: list[str]) -> list[str]:
+    """The argument words a noun phrase gives its role: each word, and the phrase as a whole when it has several.
+    A word the phrases share (서버 in 주 서버 and 복제 서버) is in two roles and proves nothing; the whole phrases
+    still trade roles when the questions swap them, and a phrase of several words is never filler."""
+    return [*phrase, " ".join(phrase)] if len(phrase) > 1 else phrase
 
 
 # --- English -----------------------------------------------------------------------------------------------------
@@ -374,8 +396,11 @@ def _english_frame(text: str) -> Frame:
 
 
 def _infinitive(words: list[str], i: int) -> bool:
-    """'to' before a verb ("how to convert", "the command to start"), not a goal ("to Paris")."""
+    """'to' before a verb ("how to convert", "the command to start"), not a goal ("to Paris", and never "to" before
+    a determiner: "the plan to the monthly plan")."""
     before = words[i - 1] if i else ""
+    if i + 1 < len(words) and words[i + 1] in _EN_DETERMINERS:
+        return False
     return before in INFINITIVE_CUES or before in ("command", "it", "is", "okay", "ok", "cheaper", "quicker")
 
 

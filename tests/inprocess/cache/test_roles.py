@@ -190,3 +190,46 @@ def test_english_phrasal_verbs_with_opposite_particles(verb: str, particles: tup
     one, other = particles
     assert _en_conflict(f"How do I {verb} {one} {rest}?", f"How do I {verb} {other} {rest}?") == "opposite"
     assert _en_conflict(f"How do I {verb} {one} {rest}?", f"How can I {verb} {one} {rest}?") is None
+
+
+_KO_MODIFIERS = ["새", "주", "큰", "작은", "긴", "짧은", "빠른", "느린", "넓은", "좁은", "높은", "낮은", "개인", "회사"]
+_KO_HEADS = ["서버", "폴더", "계정", "모니터", "디스크", "요금제", "브랜치", "노트북"]
+_modifiers = st.lists(st.sampled_from(_KO_MODIFIERS), min_size=2, max_size=2, unique=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(_modifiers, st.sampled_from(_KO_HEADS), st.sampled_from(["파일", "데이터", "설정", "코드"]))
+def test_korean_phrases_of_one_head_noun_turned_around_are_a_near_miss(modifiers: list[str], head: str,
+                                                                       what: str) -> None:
+    """The same noun in both places, told apart only by what modifies it (주 서버 / 복제 서버, 큰 회사 / 작은
+    회사, a determiner or an adjective): the phrases trade places, so the question is another."""
+    x, y = (f"{m} {head}" for m in modifiers)
+    there = f"{x}에서 {_ko_to(y)} {_ko(what, '를', '을')} 옮기는 방법"
+    back = f"{y}에서 {_ko_to(x)} {_ko(what, '를', '을')} 옮기는 방법"
+    assert conflict(korean_frame(there), korean_frame(back)) in ("role", "direction")
+    assert verify(there, back) is not None
+    moved = f"{_ko(what, '를', '을')} {x}에서 {_ko_to(y)} 옮기는 방법"
+    assert conflict(korean_frame(there), korean_frame(moved)) is None, "the same phrases in the same roles"
+    doer = f"{_ko(x, '가', '이')} {_ko(y, '를', '을')} 관리하는 방법"
+    done = f"{_ko(y, '가', '이')} {_ko(x, '를', '을')} 관리하는 방법"
+    assert conflict(korean_frame(doer), korean_frame(done)) in ("role", "direction")
+    assert conflict(_role_blind(korean_frame(there)), _role_blind(korean_frame(back))) is None
+
+
+_EN_MODIFIERS = ["old", "new", "annual", "monthly", "primary", "backup", "free", "premium", "left", "right"]
+_EN_HEADS = ["plan", "server", "drive", "account", "branch", "tier", "monitor", "database"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(_EN_MODIFIERS), min_size=2, max_size=2, unique=True), st.sampled_from(_EN_HEADS),
+       st.sampled_from(["move", "switch", "migrate", "copy"]))
+def test_english_phrases_of_one_head_noun_turned_around_are_a_near_miss(modifiers: list[str], head: str,
+                                                                        verb: str) -> None:
+    """"from the annual plan to the monthly plan" and back: "to" before a determiner is a goal, never an
+    infinitive, even after a noun that can take one ("plan to")."""
+    x, y = (f"the {m} {head}" for m in modifiers)
+    there, back = f"How to {verb} from {x} to {y}", f"How to {verb} from {y} to {x}"
+    assert conflict(english_frame(there), english_frame(back)) == "direction"
+    assert verify(there, back) is not None
+    assert conflict(english_frame(there), english_frame(f"How do I {verb} to {y} from {x}?")) is None
+    assert conflict(_role_blind(english_frame(there)), _role_blind(english_frame(back))) is None
