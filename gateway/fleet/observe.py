@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -55,7 +56,8 @@ def cool_down(worker: Worker, reason: str, cooldown_s: float) -> None:
 
 def parse_load(text: bytes) -> dict[str, float]:
     """Sum the load gauges over label sets; skips everything else without parsing it. Empty when the page has
-    none of the known names (an engine without vLLM's, SGLang's or TGI's metrics)."""
+    none of the known names (an engine without vLLM's, SGLang's or TGI's metrics). Every value is finite: a
+    sample that is NaN or infinite is left out, and a sum that overflows is too."""
     found: dict[str, float] = {}
     for line in text.split(b"\n"):
         if not line.startswith(_FIRST) or line.startswith(b"vllm:num_requests_waiting_by"):
@@ -63,10 +65,13 @@ def parse_load(text: bytes) -> dict[str, float]:
         for prefix, name in _GAUGES.items():
             if line.startswith(prefix):
                 try:
-                    found[name] = found.get(name, 0.0) + float(line.rsplit(b" ", 1)[1])
+                    value = float(line.rsplit(b" ", 1)[1])
                 except (IndexError, ValueError):
-                    pass
+                    break
+                if math.isfinite(value):  # NaN and ±Inf (Prometheus allows them) say nothing of a load
+                    found[name] = found.get(name, 0.0) + value
                 break
+    found = {name: value for name, value in found.items() if math.isfinite(value)}  # 1e308 + 1e308
     if "kv_usage" in found and found["kv_usage"] > 1.0:  # a percentage (0-100) where a share was expected
         found["kv_usage"] /= 100.0
     return found

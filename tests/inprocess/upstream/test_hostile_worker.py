@@ -5,21 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 from collections.abc import AsyncIterator
 
 import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gateway.fleet.observe import scrape
+from gateway.fleet.observe import parse_load, scrape
 from gateway.fleet.worker import Worker
 from gateway.policy.loader import PolicySnapshot, PolicyStore
 from gateway.policy.schema import Policy
 from gateway.runtime import Gateway
+from gateway.scheduling.capacity import learn
 from gateway.transport.http1 import Client
 from gateway.upstream.pools import SCRAPE_CAPS
 from loadtest.harness.hostile_worker import HostileWorker
 from tests.conftest import policy_dict
-from tests.fakes import MODEL, call, inflight, running_gateway
+from tests.fakes import MODEL, call, inflight, live_worker, running_gateway
 
 
 def asking(mode: str, mark: str) -> dict[str, object]:
@@ -119,3 +124,39 @@ def test_a_metrics_page_that_never_ends_is_cut_and_the_worker_stays_in_routing()
                 assert said in (worker.observed.metrics_error or ""), (mode, worker.observed.metrics_error)
             client.close()
     asyncio.run(main())
+
+
+_GAUGE_NAMES = [b"vllm:num_requests_running", b"vllm:num_requests_waiting", b"vllm:kv_cache_usage_perc",
+                b"vllm:generation_tokens_total", b"sglang:num_running_reqs", b"tgi_queue_size"]
+_VALUES = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr),
+                    st.sampled_from(["NaN", "+Inf", "-Inf", "1e400", "-0", "1e308", "garbage", ""]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(_GAUGE_NAMES), _VALUES), min_size=1, max_size=12))
+def test_any_load_a_worker_reports_is_read_as_finite_and_learning_from_it_never_raises(
+        samples: list[tuple[bytes, str]]) -> None:
+    """A worker's /metrics may say NaN, ±Inf (Prometheus allows both), values that overflow when summed, or
+    nonsense: what is read is finite, and the limit learned from reads of it stays between 1 and the ceiling.
+    (Before: +Inf running with requests waiting raised OverflowError in the learner, which ended the pool's
+    scraper.)"""
+    page = b"\n".join(name + b'{engine="%d"} ' % i + value.encode() for i, (name, value) in enumerate(samples))
+    load = parse_load(page)
+    assert all(math.isfinite(v) for v in load.values())
+    worker = live_worker("http://w")
+    for _ in range(3):
+        worker.observed.running = load.get("running", 0.0)
+        worker.observed.waiting = load.get("waiting", 0.0)
+        worker.observed.kv_usage = load.get("kv_usage", 0.0)
+        worker.observed.generated = load.get("generated", 0.0) + _  # the engine steps between reads
+        learn(worker, ceiling=64)
+        assert 1 <= worker.learned.limit <= 64
+
+
+def test_an_infinite_load_read_as_it_is_breaks_the_learner() -> None:
+    """Positive control for the property above: without the parser's filter, +Inf running with a queue raises."""
+    worker = live_worker("http://w")
+    worker.observed.running, worker.observed.waiting = math.inf, 1.0
+    with pytest.raises(OverflowError):
+        for _ in range(3):
+            learn(worker, ceiling=64)
