@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from types import MappingProxyType
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gateway.cache import roles
@@ -193,7 +193,16 @@ def test_english_phrasal_verbs_with_opposite_particles(verb: str, particles: tup
 
 
 _KO_MODIFIERS = ["새", "주", "큰", "작은", "긴", "짧은", "빠른", "느린", "넓은", "좁은", "높은", "낮은", "개인", "회사"]
-_KO_HEADS = ["서버", "폴더", "계정", "모니터", "디스크", "요금제", "브랜치", "노트북"]
+_KO_HEADS = ["서버", "폴더", "계정", "모니터", "디스크", "요금제", "브랜치", "노트북", "저장소"]
+
+
+def _read_as_written(text: str, head: str) -> bool:
+    """Did the analyser read ``text`` as written: the head noun twice as one noun, and no verb but the question's
+    own? It does not always: 새 디스크를 after a particle as 새다's 새어 (leaking), 요금제로 as 요금 + 제로 (zero),
+    큰 저장소 as 큰 저 장소 (that place). Those misreadings are the analyser's, a gap this property leaves out."""
+    tokens = roles._ANALYSER.get().tokenize(text)
+    return sum(t.form == head for t in tokens) == 2 and all(
+        t.form in ("옮기",) for t in tokens if t.tag.startswith("VV"))
 _modifiers = st.lists(st.sampled_from(_KO_MODIFIERS), min_size=2, max_size=2, unique=True)
 
 
@@ -206,12 +215,13 @@ def test_korean_phrases_of_one_head_noun_turned_around_are_a_near_miss(modifiers
     x, y = (f"{m} {head}" for m in modifiers)
     there = f"{x}에서 {_ko_to(y)} {_ko(what, '를', '을')} 옮기는 방법"
     back = f"{y}에서 {_ko_to(x)} {_ko(what, '를', '을')} 옮기는 방법"
+    doer = f"{_ko(x, '가', '이')} {_ko(y, '를', '을')} 관리하는 방법"
+    done = f"{_ko(y, '가', '이')} {_ko(x, '를', '을')} 관리하는 방법"
+    assume(all(_read_as_written(text, head) for text in (there, back, doer, done)))
     assert conflict(korean_frame(there), korean_frame(back)) in ("role", "direction")
     assert verify(there, back) is not None
     moved = f"{_ko(what, '를', '을')} {x}에서 {_ko_to(y)} 옮기는 방법"
     assert conflict(korean_frame(there), korean_frame(moved)) is None, "the same phrases in the same roles"
-    doer = f"{_ko(x, '가', '이')} {_ko(y, '를', '을')} 관리하는 방법"
-    done = f"{_ko(y, '가', '이')} {_ko(x, '를', '을')} 관리하는 방법"
     assert conflict(korean_frame(doer), korean_frame(done)) in ("role", "direction")
     assert conflict(_role_blind(korean_frame(there)), _role_blind(korean_frame(back))) is None
 
