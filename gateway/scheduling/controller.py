@@ -484,6 +484,7 @@ class Controller:
                        "learned_limits": {w.url: w.learned.limit for w in s.workers},
                        "stream_limits": {w.url: round(w.learned.stream_limit, 1) for w in s.workers},
                        "agreed_limits": {w.url: w.agreed.limit for w in s.workers if w.agreed.limit},
+                       "others_excess": {w.url: w.agreed.excess for w in s.workers if w.agreed.excess},
                        "share": {"index": self.share.index, "of": self.share.of, "ready": self.share.ready},
                        "classes": {k: {"depth": q.count, "oldest_wait_s": round(q.oldest_wait(now), 3),
                                        "flows": {f.tenant: {"held": f.held, "queued": len(f.waiters),
