@@ -11,6 +11,7 @@ thread (the ledger's writer, or ``asyncio.to_thread`` for reports).
 from __future__ import annotations
 
 import abc
+import functools
 import math
 import sqlite3
 import threading
@@ -223,6 +224,31 @@ class _Sql(abc.ABC):
                          [])
 
 
+# 26,624 values (PostgreSQL takes 65,535 a statement; SQLite 32,766 since 3.32, and fewer where built so)
+MAX_ROWS_PER_INSERT = 1024
+
+
+@functools.cache
+def _insert_rows(count: int, mark: str, verb: str, tail: str) -> str:
+    """An insert of ``count`` ledger rows in one statement."""
+    row = "(" + ", ".join([mark] * len(COLUMNS)) + ")"
+    return f"{verb} INTO ledger ({', '.join(COLUMNS)}) VALUES {', '.join([row] * count)}{tail}"
+
+
+def _chunks(n: int, most: int) -> Iterator[int]:
+    """``n`` as a sum of powers of two no larger than ``most`` (itself one), largest first: at most
+    log2(most) + 1 statement texts ever, each prepared once and kept in sqlite3's cache."""
+    while n >= most:
+        yield most
+        n -= most
+    size = most
+    while n:
+        size //= 2
+        if n & size:
+            yield size
+            n -= size
+
+
 class SqliteLedger(_Sql):
     """``<data_dir>/ledger.sqlite3`` in WAL mode: the writer commits, report readers run beside it."""
 
@@ -241,6 +267,8 @@ class SqliteLedger(_Sql):
             db.execute(PRESENCE)
             db.execute(PRESENCE_INDEX)
             db.execute(CLOSES)
+            fits = db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(COLUMNS)
+        self._rows_per_insert = min(MAX_ROWS_PER_INSERT, 1 << (fits.bit_length() - 1))
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -251,10 +279,18 @@ class SqliteLedger(_Sql):
         return db
 
     def insert(self, records: Sequence[dict[str, Any]]) -> None:
-        marks = ", ".join("?" * len(COLUMNS))
+        """One transaction, in as few statements as ``_chunks`` allows. The sqlite3 module lets go of the
+        interpreter lock for each statement's step and must wait to take it back from the event loop's thread,
+        which it then forces to yield: with ``executemany``'s step a row, those hand-overs cost the gateway more
+        CPU than the inserts themselves."""
+        values = [value for r in records for value in (r.get(c) for c in COLUMNS)]
+        width, start = len(COLUMNS), 0
         with self._db() as db:  # one transaction
-            db.executemany(f"INSERT OR IGNORE INTO ledger ({', '.join(COLUMNS)}) VALUES ({marks})",
-                           [tuple(r.get(c) for c in COLUMNS) for r in records])
+            for count in _chunks(len(records), self._rows_per_insert):
+                db.execute(_insert_rows(count, "?", "INSERT OR IGNORE", ""),
+                           values[start * width:(start + count) * width])
+                start += count
+
 
     def _run(self, sql: str, args: Sequence[Any]) -> list[dict[str, Any]]:
         cursor = self._tuples(sql, args)
@@ -327,13 +363,17 @@ class PostgresLedger(_Sql):
         return db
 
     def insert(self, records: Sequence[dict[str, Any]]) -> None:
-        marks = ", ".join(["%s"] * len(COLUMNS))
+        """One transaction in as few statements as ``_chunks`` allows (psycopg, too, lets go of the interpreter
+        lock for each statement it sends: ``SqliteLedger.insert``)."""
+        values = [_pg(c, r.get(c)) for r in records for c in COLUMNS]
+        width, start = len(COLUMNS), 0
         db = self._db()
         try:
             with db.transaction(), db.cursor() as cursor:
-                cursor.executemany(f"INSERT INTO ledger ({', '.join(COLUMNS)}) VALUES ({marks}) "
-                                   "ON CONFLICT (id) DO NOTHING",
-                                   [tuple(_pg(c, r.get(c)) for c in COLUMNS) for r in records])
+                for count in _chunks(len(records), MAX_ROWS_PER_INSERT):
+                    cursor.execute(_insert_rows(count, "%s", "INSERT", " ON CONFLICT (id) DO NOTHING"),
+                                   values[start * width:(start + count) * width])
+                    start += count
         except self._psycopg.OperationalError:
             db.close()  # reconnect on the next call
             raise
