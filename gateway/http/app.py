@@ -39,7 +39,7 @@ from gateway.http import (
     sso,
     statements,
 )
-from gateway.http.asgi import AsgiSink, Receive, Scope, Send, read_body, request_headers, until_disconnect
+from gateway.http.asgi import AsgiSink, Receive, Scope, Send, departure, read_body, request_headers, until_disconnect
 from gateway.http.guards import gateway_of, require_metrics_reader, tenant_of
 from gateway.http.responses import json_response
 from gateway.http.sessions import Sessions
@@ -81,7 +81,7 @@ class EndpointApp:
                                                    asked.decode("latin-1").strip().lower() if asked else None,
                                                    session.decode("latin-1")[:256] if session else None,
                                                    headers.get(b"x-tollgate-tags")),
-                                      receive):
+                                      departure(scope)):
                 raise ClientGone("The client disconnected.")
 
 
@@ -99,7 +99,7 @@ class Retrieve:
         async with pipeline.Lifecycle(gw, ctx, sink):
             authenticate(gw, ctx, scope)
             if await until_disconnect(pipeline.retrieve(gw, ctx, scope["path_params"]["response_id"], sink),
-                                      receive):
+                                      departure(scope)):
                 raise ClientGone("The client disconnected.")
 
 

@@ -17,7 +17,8 @@ from gateway import outcomes
 from gateway.context import Headers
 from gateway.errors import ClientGone, GatewayError, InvalidRequest, TooLarge
 
-__all__ = ["AsgiSink", "Message", "Receive", "Scope", "Send", "read_body", "request_headers", "until_disconnect"]
+__all__ = ["DEPARTURE", "AsgiSink", "Departure", "Message", "Receive", "Scope", "Send", "departure", "read_body",
+           "request_headers", "until_disconnect"]
 
 _SINGLE = (b"authorization", b"content-length", b"content-type", b"x-request-id")
 
@@ -89,30 +90,53 @@ class AsgiSink:
         await outcomes.fail(self, error, headers)
 
 
-async def until_disconnect(work: Coroutine[Any, Any, None], receive: Receive) -> bool:
-    """Run ``work`` in this task; cancel it if the client disconnects first. Returns True if the client left.
+DEPARTURE = "tollgate.departure"  # the scope extension under which the server reports a client that left
 
-    One watcher task per request and no asyncio.wait: the work itself stays in the request's task, so
-    everything it holds (a queue slot, a worker lease, the upstream connection) is released by its own
-    ``finally`` blocks when the client leaves.
+
+class Departure:
+    """A request's client leaving, as the server that holds its connection sees it (``GuardedHttpToolsProtocol``
+    puts one in each request's ``scope["extensions"]``): ``leave`` is called once the connection is lost before
+    the response ended, and cancels the task running the request's work, if any."""
+
+    __slots__ = ("left", "task")
+
+    def __init__(self) -> None:
+        self.left = False
+        self.task: asyncio.Task[Any] | None = None
+
+    def leave(self) -> None:
+        self.left = True
+        if self.task is not None:
+            self.task.cancel()
+
+
+def departure(scope: Scope) -> Departure | None:
+    extensions = scope.get("extensions")
+    return extensions.get(DEPARTURE) if extensions else None
+
+
+async def until_disconnect(work: Coroutine[Any, Any, None], gone: Departure | None) -> bool:
+    """Run ``work`` in this task; cancel it if the client leaves first. Returns True if the client left.
+
+    The work stays in the request's task, so everything it holds (a queue slot, a worker lease, the upstream
+    connection) is released by its own ``finally`` blocks when the client leaves; the server cancels the task
+    from its ``connection_lost``, so a request needs no watcher task of its own. Under a server that reports
+    no departures (``gone`` None: an app called directly), the work runs to its end.
     """
+    if gone is None:
+        await work
+        return False
+    if gone.left:  # while the body was read, or queued behind a pipelined request
+        work.close()
+        return True
     current = asyncio.current_task()
-    assert current is not None
-    left = False
-
-    async def watch() -> None:
-        nonlocal left
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        left = True
-        current.cancel()
-    watcher = asyncio.get_running_loop().create_task(watch())
+    gone.task = current
     try:
         await work
     except asyncio.CancelledError:
-        if not left:
+        if not gone.left or current is None:
             raise
         current.uncancel()
     finally:
-        watcher.cancel()
-    return left
+        gone.task = None
+    return gone.left

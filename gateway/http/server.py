@@ -12,7 +12,9 @@ Measured on this gateway before this module: a 64 MiB header was read in full an
   the request line's and the headers' limits together before it is buffered;
 - an idle timeout for a connection that has not sent a byte (closed), a head timeout from a request's
   first byte to the end of its head (408), and a body timeout from the head to the end of the body (408);
-- concurrent connections are capped by uvicorn's ``limit_concurrency`` (503), set from the same section.
+- concurrent connections are capped by uvicorn's ``limit_concurrency`` (503), set from the same section;
+- each request's ``Departure`` (``gateway.http.asgi``) in its scope's extensions, told when the connection is
+  lost before its response ended: the request's task is cancelled then, with no watcher task per request.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, cast
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.errors import InvalidRequest
+from gateway.http.asgi import DEPARTURE, Departure
 from gateway.outcomes import body_of
 from gateway.policy.schema import Server
 
@@ -140,6 +143,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        for cycle in (self.cycle, *(queued for queued, _ in self.pipeline)):
+            if cycle is not None and not cycle.response_complete:
+                cast(Departure, cycle.scope["extensions"][DEPARTURE]).leave()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -167,6 +173,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.scope["extensions"] = cast(Any, {DEPARTURE: Departure()})
         self._line_bytes = self._head_bytes = self._header_count = 0
         self._arm(self.limits.header_timeout_s, 408)
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gateway.errors import ClientGone, InvalidRequest, TooLarge
-from gateway.http.asgi import AsgiSink, read_body, request_headers, until_disconnect
+from gateway.http.asgi import AsgiSink, Departure, read_body, request_headers, until_disconnect
 
 
 def scripted(*messages: dict[str, Any]) -> Any:
@@ -84,17 +84,36 @@ def test_a_client_that_leaves_cancels_the_work_which_cleans_up_after_itself() ->
             released.append("slot")
 
     async def main() -> bool:
-        return await until_disconnect(work(asyncio.Event()), scripted({"type": "http.disconnect"}))
+        gone = Departure()
+        asyncio.get_running_loop().call_soon(gone.leave)  # the server's connection_lost
+        return await until_disconnect(work(asyncio.Event()), gone)
     assert asyncio.run(main()) is True and released == ["slot"]
+
+
+def test_a_client_gone_before_the_work_starts_never_runs_it() -> None:
+    ran: list[str] = []
+
+    async def work() -> None:
+        ran.append("work")
+
+    async def main() -> bool:
+        gone = Departure()
+        gone.leave()
+        return await until_disconnect(work(), gone)
+    assert asyncio.run(main()) is True and ran == []
 
 
 def test_work_that_finishes_first_reports_the_client_stayed() -> None:
     async def work() -> None:
         await asyncio.sleep(0)
 
-    async def main() -> bool:
-        return await until_disconnect(work(), scripted(body(b"")))
-    assert asyncio.run(main()) is False
+    async def main() -> tuple[bool, bool]:
+        gone = Departure()
+        stayed = await until_disconnect(work(), gone)
+        gone.leave()  # the connection closes after the response: nothing is running to cancel
+        return stayed, gone.task is None
+    assert asyncio.run(main()) == (False, True)
+    assert asyncio.run(until_disconnect(work(), None)) is False, "an app called directly runs its work to the end"
 
 
 def test_a_cancellation_that_is_not_the_clients_goes_on() -> None:
@@ -105,6 +124,6 @@ def test_a_cancellation_that_is_not_the_clients_goes_on() -> None:
         async def work() -> None:
             task.cancel()  # the server shutting down, not the client leaving
             await asyncio.Event().wait()
-        await until_disconnect(work(), scripted())
+        await until_disconnect(work(), Departure())
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(main())

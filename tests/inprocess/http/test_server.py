@@ -1,7 +1,8 @@
 """The server protocol's own limits, on a loopback socket in the test's event loop (uvicorn's protocol, no
 server process): each class made by protocol_for keeps its own limits; an oversized request line, head or
 header count is answered in OpenAI's error shape and the connection ended; a head that never ends is refused
-at the head's limit; a silent connection is closed and a slow head or body gets a 408."""
+at the head's limit; a silent connection is closed and a slow head or body gets a 408; a client that closes its
+connection before its answer cancels the request's work."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import orjson
 import uvicorn
 from uvicorn.server import ServerState
 
+from gateway.http.asgi import departure, until_disconnect
 from gateway.http.server import Limits, protocol_for
 
 LIMITS = Limits(max_request_line_bytes=256, max_header_bytes=1024, max_headers=8, idle_timeout_s=0.3,
@@ -35,9 +37,9 @@ async def echo_length(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 @asynccontextmanager
-async def serving(limits: Limits) -> AsyncIterator[int]:
+async def serving(limits: Limits, app: Any = echo_length) -> AsyncIterator[int]:
     """The guarded protocol on 127.0.0.1:<free port>, as uvicorn would run it; yields the port."""
-    config = uvicorn.Config(echo_length, lifespan="off", access_log=False, log_level="warning")
+    config = uvicorn.Config(app, lifespan="off", access_log=False, log_level="warning")
     config.load()
     state, protocol = ServerState(), protocol_for(limits)
     server = await asyncio.get_running_loop().create_server(
@@ -98,3 +100,41 @@ def test_silent_slow_head_and_slow_body_are_each_timed_out() -> None:
     silent, slow_head, slow_body = asyncio.run(main())
     assert silent == b"", "an idle connection is closed without an answer"
     assert refusal(slow_head) == (408, "request_timeout") and refusal(slow_body) == (408, "request_timeout")
+
+
+def test_a_client_that_closes_before_its_answer_cancels_the_work_in_the_requests_task() -> None:
+    """The protocol tells the request's ``Departure`` when the connection is lost: the work, waiting on an
+    answer that never comes, is cancelled in its own task (its ``finally`` runs) and the app learns the client
+    left; a client that reads its answer leaves nothing cancelled."""
+    outcomes: asyncio.Queue[tuple[str, bool]] = asyncio.Queue()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()  # the body
+        forever = scope["path"] == "/forever"
+
+        async def work() -> None:
+            try:
+                if forever:
+                    await outcomes.put(("waiting", False))
+                    await asyncio.Event().wait()
+                await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+                await send({"type": "http.response.body", "body": b"ok"})
+            finally:
+                await outcomes.put(("released", False))
+        left = await until_disconnect(work(), departure(scope))
+        await outcomes.put(("left", left))
+
+    async def main() -> None:
+        async with serving(LIMITS, app) as port:
+            answer = await exchange(port, b"GET /quick HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            assert answer.endswith(b"ok")
+            assert [await outcomes.get(), await outcomes.get()] == [("released", False), ("left", False)]
+
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /forever HTTP/1.1\r\nhost: x\r\n\r\n")
+            await writer.drain()
+            assert await asyncio.wait_for(outcomes.get(), 5) == ("waiting", False)
+            writer.close()
+            got = [await asyncio.wait_for(outcomes.get(), 5), await asyncio.wait_for(outcomes.get(), 5)]
+            assert got == [("released", False), ("left", True)]
+    asyncio.run(main())
