@@ -291,7 +291,6 @@ class SqliteLedger(_Sql):
                            values[start * width:(start + count) * width])
                 start += count
 
-
     def _run(self, sql: str, args: Sequence[Any]) -> list[dict[str, Any]]:
         cursor = self._tuples(sql, args)
         try:
