@@ -224,8 +224,14 @@ class _Sql(abc.ABC):
                          [])
 
 
-# 26,624 values (PostgreSQL takes 65,535 a statement; SQLite 32,766 since 3.32, and fewer where built so)
-MAX_ROWS_PER_INSERT = 1024
+POSTGRES_PARAMETERS = 65_535  # the most a statement binds: the wire protocol counts them in 16 bits
+
+
+def rows_per_insert(parameters: int) -> int:
+    """The most ledger rows one statement can bind within ``parameters`` values, as a power of two (the largest
+    of ``_chunks``' sizes): 1,024 for SQLite's 32,766 (3.32 and later), 32 for its older 999, 2,048 for
+    PostgreSQL."""
+    return 1 << ((parameters // len(COLUMNS)).bit_length() - 1)
 
 
 @functools.cache
@@ -267,8 +273,7 @@ class SqliteLedger(_Sql):
             db.execute(PRESENCE)
             db.execute(PRESENCE_INDEX)
             db.execute(CLOSES)
-            fits = db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(COLUMNS)
-        self._rows_per_insert = min(MAX_ROWS_PER_INSERT, 1 << (fits.bit_length() - 1))
+            self._rows_per_insert = rows_per_insert(db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -369,7 +374,7 @@ class PostgresLedger(_Sql):
         db = self._db()
         try:
             with db.transaction(), db.cursor() as cursor:
-                for count in _chunks(len(records), MAX_ROWS_PER_INSERT):
+                for count in _chunks(len(records), rows_per_insert(POSTGRES_PARAMETERS)):
                     cursor.execute(_insert_rows(count, "%s", "INSERT", " ON CONFLICT (id) DO NOTHING"),
                                    values[start * width:(start + count) * width])
                     start += count

@@ -17,8 +17,6 @@ from hypothesis import strategies as st
 from gateway.ledger import stores
 from gateway.ledger.stores import COLUMNS, OPEN_END, OPEN_START, LedgerStore, SqliteLedger, iter_all
 
-_files = iter(range(10**6))
-
 
 @pytest.fixture(params=["sqlite"])
 def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LedgerStore]:
@@ -82,6 +80,13 @@ def test_a_batch_is_split_into_few_statements_of_few_shapes(n: int, most: int) -
     assert all(size <= most and size & (size - 1) == 0 for size in sizes)
     assert sizes == sorted(sizes, reverse=True)
     assert len(sizes) <= n // most + most.bit_length()
+
+
+def test_a_statement_binds_as_many_rows_as_the_database_allows() -> None:
+    """``rows_per_insert``: the largest power of two whose rows' values fit the database's limit."""
+    for parameters in (999, 32_766, stores.POSTGRES_PARAMETERS, len(COLUMNS), 2 * len(COLUMNS) - 1):
+        rows = stores.rows_per_insert(parameters)
+        assert rows * len(COLUMNS) <= parameters < 2 * rows * len(COLUMNS)
 
 
 def test_a_batch_of_hundreds_is_a_few_statements_on_sqlite(tmp_path: Path) -> None:
