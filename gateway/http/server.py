@@ -14,7 +14,9 @@ Measured on this gateway before this module: a 64 MiB header was read in full an
   first byte to the end of its head (408), and a body timeout from the head to the end of the body (408);
 - concurrent connections are capped by uvicorn's ``limit_concurrency`` (503), set from the same section;
 - each request's ``Departure`` (``gateway.http.asgi``) in its scope's extensions, told when the connection is
-  lost before its response ended: the request's task is cancelled then, with no watcher task per request.
+  lost before its response ended: the request's task is cancelled then, with no watcher task per request;
+- an answer whose head declares its length goes out in one write with its body (``OneWriteCycle``), where
+  uvicorn writes the head and the body each as it comes: one system call fewer per plain answer.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, cast
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from gateway.errors import InvalidRequest
 from gateway.http.asgi import DEPARTURE, Departure
@@ -68,6 +70,58 @@ class Limits:
     def from_policy(cls, server: Server) -> Limits:
         return cls(server.max_request_line_bytes, server.max_header_bytes, server.max_headers,
                    server.idle_timeout_s, server.header_timeout_s, server.body_timeout_s)
+
+
+class _Gathered:
+    """Stands in for the transport while uvicorn's cycle renders a head: keeps what it writes."""
+
+    __slots__ = ("closing", "parts")
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def close(self) -> None:
+        self.closing = True
+
+
+class OneWriteCycle(RequestResponseCycle):
+    """uvicorn's request-response cycle, except that a head declaring a ``content-length`` is held until the
+    first body message and written with it: a plain answer's head and body reach the client in one write (one
+    system call, one segment) instead of two. uvicorn still renders and checks every byte; only when they are
+    written changes. Only a sized head is held: its body is sent at once (``AsgiSink``), where a stream's head
+    (chunked) goes out before its first token, and only the first body message joins it, so nothing but a head
+    is ever held. A response that fails between head and body writes nothing, and the connection is closed
+    (uvicorn's cycle then closes it too)."""
+
+    _held: _Gathered | None = None
+
+    async def send(self, message: Any) -> None:
+        held = self._held
+        if held is None:
+            if message["type"] != "http.response.start" or self.response_started or \
+                    not any(name.lower() == b"content-length" for name, _ in message.get("headers", ())):
+                return await super().send(message)
+            real, self.transport = self.transport, cast(asyncio.Transport, _Gathered())
+            try:
+                await super().send(message)
+            finally:
+                self._held, self.transport = cast(_Gathered, self.transport), real
+            return None
+        self._held, real = None, self.transport
+        self.transport = cast(asyncio.Transport, held)
+        try:
+            await super().send(message)
+        finally:
+            self.transport = real
+        if held.parts and not real.is_closing():
+            real.write(b"".join(held.parts))
+        if held.closing:
+            real.close()
+        return None
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -203,6 +257,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._arm(self.limits.body_timeout_s, 408)
         self._upload_progress = 0 if self.url.startswith(UPLOAD_PATH) else -1
         super().on_headers_complete()
+        if type(self.cycle) is RequestResponseCycle:  # uvicorn builds its own cycle (by name): made ours here,
+            self.cycle.__class__ = OneWriteCycle  # before its task's first step reads ``send``
 
     def on_body(self, body: bytes) -> None:
         if self._refused:

@@ -2,7 +2,8 @@
 server process): each class made by protocol_for keeps its own limits; an oversized request line, head or
 header count is answered in OpenAI's error shape and the connection ended; a head that never ends is refused
 at the head's limit; a silent connection is closed and a slow head or body gets a 408; a client that closes its
-connection before its answer cancels the request's work."""
+connection before its answer cancels the request's work; a sized answer goes out in one write, a stream's head
+before its body."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 import orjson
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from gateway.http.asgi import departure, until_disconnect
@@ -37,11 +39,13 @@ async def echo_length(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 @asynccontextmanager
-async def serving(limits: Limits, app: Any = echo_length) -> AsyncIterator[int]:
-    """The guarded protocol on 127.0.0.1:<free port>, as uvicorn would run it; yields the port."""
+async def serving(limits: Limits, app: Any = echo_length,
+                  protocol: type[Any] | None = None) -> AsyncIterator[int]:
+    """The guarded protocol (or ``protocol``) on 127.0.0.1:<free port>, as uvicorn would run it; yields the
+    port."""
     config = uvicorn.Config(app, lifespan="off", access_log=False, log_level="warning")
     config.load()
-    state, protocol = ServerState(), protocol_for(limits)
+    state, protocol = ServerState(), protocol or protocol_for(limits)
     server = await asyncio.get_running_loop().create_server(
         lambda: protocol(config=config, server_state=state, app_state={}), "127.0.0.1", 0)
     try:
@@ -137,4 +141,62 @@ def test_a_client_that_closes_before_its_answer_cancels_the_work_in_the_requests
             writer.close()
             got = [await asyncio.wait_for(outcomes.get(), 5), await asyncio.wait_for(outcomes.get(), 5)]
             assert got == [("released", False), ("left", True)]
+    asyncio.run(main())
+
+
+class _Recorded:
+    """A transport that keeps each write it is asked for, and passes everything on."""
+
+    def __init__(self, transport: asyncio.Transport, writes: list[bytes]) -> None:
+        self._transport, self._writes = transport, writes
+
+    def write(self, data: bytes) -> None:
+        self._writes.append(bytes(data))
+        self._transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def recording(base: type[Any], writes: list[bytes]) -> type[Any]:
+    class Recording(base):  # type: ignore[misc]
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(_Recorded(transport, writes))
+    return Recording
+
+
+async def streamed(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+    for event in (b"data: 1\n\n", b"data: 2\n\n"):
+        await send({"type": "http.response.body", "body": event, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def test_a_sized_answer_is_one_write_and_a_streams_head_goes_first() -> None:
+    """A head that declares its length leaves with its body in one write, pipelined answers each in theirs, in
+    order; a stream's head (chunked) is written before its first event, never held. The positive control:
+    uvicorn's own protocol writes a sized answer's head and body apart."""
+    get = b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n\r\nabc"
+    last = b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nconnection: close\r\n\r\nab"
+
+    async def writes_of(app: Any, protocol: type[Any], *parts: bytes) -> tuple[list[bytes], bytes]:
+        writes: list[bytes] = []
+        async with serving(LIMITS, app, recording(protocol, writes)) as port:
+            answer = await exchange(port, *parts)
+        return writes, answer
+
+    async def main() -> None:
+        guarded = protocol_for(LIMITS)
+        writes, answer = await writes_of(echo_length, guarded, get + last)
+        assert len(writes) == 2 and b"".join(writes) == answer, writes
+        assert [w.startswith(b"HTTP/1.1 200") and w.endswith(b"\r\n\r\n" + body) for w, body in
+                zip(writes, (b"3", b"2"), strict=True)] == [True, True], writes
+
+        writes, answer = await writes_of(streamed, guarded, last)
+        assert writes[0].startswith(b"HTTP/1.1 200") and writes[0].endswith(b"\r\n\r\n"), writes
+        assert b"data: 1" in writes[1] and answer.endswith(b"0\r\n\r\n")
+
+        writes, _ = await writes_of(echo_length, HttpToolsProtocol, last)  # uvicorn's protocol as shipped
+        assert len(writes) == 2 and writes[1] == b"2", writes
     asyncio.run(main())
