@@ -6,9 +6,11 @@ PostgreSQL alike), so every writer and every query bound must format it here: fi
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, date, datetime, timedelta
 
 _day: tuple[int, date] = (-1, date(1970, 1, 1))
+_second: tuple[int, str] = (0, "1970-01-01T00:00:00")  # the last whole second ``at`` formatted, and its text
 
 
 def sortable(moment: datetime) -> str:
@@ -21,8 +23,21 @@ def sortable(moment: datetime) -> str:
 
 
 def at(timestamp: float) -> str:
-    """A Unix time as the ledger writes it."""
-    return sortable(datetime.fromtimestamp(timestamp, UTC))
+    """A Unix time as the ledger writes it: the same text as ``sortable(datetime.fromtimestamp(timestamp, UTC))``,
+    to the microsecond rounded as ``fromtimestamp`` rounds it (half to even). Called for every ledger record and
+    log line, so the date and time of day are formatted once a second and only the microseconds each time."""
+    global _second
+    fraction, whole = math.modf(timestamp)
+    micro = round(fraction * 1_000_000)
+    second = int(whole)
+    if micro >= 1_000_000:
+        second, micro = second + 1, micro - 1_000_000
+    elif micro < 0:
+        second, micro = second - 1, micro + 1_000_000
+    last = _second  # one read: another thread may replace it meanwhile
+    if last[0] != second:
+        last = _second = (second, sortable(datetime.fromtimestamp(second, UTC))[:-8])
+    return f"{last[1]}.{micro:06d}Z"
 
 
 def utc_day(timestamp: float) -> date:

@@ -17,10 +17,11 @@ import collections
 import logging
 import sys
 import threading
-from datetime import UTC, datetime
 from typing import IO, Any
 
 import orjson
+
+from gateway.ledger import times
 
 FLUSH_INTERVAL_S = 0.05
 IDLE_WAIT_S = 1.0  # the longest a line can wait when its wake-up was missed (a line appended as a flush ended)
@@ -31,7 +32,8 @@ _wake = threading.Event()  # set by the first line after a flush
 
 
 def iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """The ledger's time format, to the millisecond (truncated, as ``isoformat(timespec="milliseconds")`` does)."""
+    return times.at(epoch)[:23] + "Z"
 
 
 def emit(line: dict[str, Any]) -> None:

@@ -69,6 +69,24 @@ def test_every_batch_is_stored_once_per_id_with_every_value_as_given(ledger: Led
     assert all(comparable(after[i]) == comparable(r) for i, r in first.items())
 
 
+@given(seed=st.integers(0, 2**32), lacking=st.lists(st.sets(st.sampled_from(list(COLUMNS))), max_size=6))
+def test_a_record_lacking_columns_gives_nulls_in_their_places(seed: int, lacking: list[set[str]]) -> None:
+    """``row_values``: each record's values in column order, a column it lacks as None (a record spooled before
+    the column was added), whichever records of a batch lack which columns."""
+    rng = random.Random(seed)
+    batch = [record(rng, i) for i in range(3)] + \
+        [{c: v for c, v in record(rng, 9 + i).items() if c not in gone} for i, gone in enumerate(lacking)]
+    assert stores.row_values(batch) == [r.get(c) for r in batch for c in COLUMNS]
+
+
+def test_a_record_spooled_before_the_added_columns_is_stored_with_nulls(ledger: LedgerStore) -> None:
+    old = {c: v for c, v in record(random.Random(7), 1).items() if c not in stores.ADDED}
+    ledger.insert([record(random.Random(8), 2), old])
+    row = stored(ledger)[old["id"]]
+    assert [row[c] for c in stores.ADDED] == [None] * len(stores.ADDED)
+    assert comparable(row) == comparable(dict.fromkeys(stores.ADDED) | old)
+
+
 @settings(max_examples=200, deadline=None)
 @given(n=st.integers(0, 20_000), most=st.sampled_from([1, 2, 32, 1024]))
 def test_a_batch_is_split_into_few_statements_of_few_shapes(n: int, most: int) -> None:
