@@ -127,7 +127,7 @@ class Controller:
         return {name: active for name, state in self.states.items() if (active := state.active(now))}
 
     def _relearn(self, state: PoolState, scheduling: SchedulingPolicy) -> None:
-        wanted = any(q.count for q in state.queues.values())
+        wanted = state.first_waiting(TIERS) is not None
         for worker in state.workers:
             learn(worker, state.spec.max_inflight_per_worker, wanted)
         self.grant(state, scheduling)
@@ -190,7 +190,7 @@ class Controller:
         state.starting.pop(id(ctx), None)
         if not ctx.past_limit:
             answered(worker, state.spec.max_inflight_per_worker, held, ttft)
-        if any(q.count for q in state.queues.values()):
+        if state.first_waiting(TIERS) is not None:
             self.grant(state, scheduling)
 
     def with_room(self, state: PoolState, scheduling: SchedulingPolicy) -> set[Worker]:
@@ -302,7 +302,7 @@ class Controller:
         now = self.clock()
         fairness = fairness_of(scheduling)
         while True:
-            klass = next((k for k in TIERS if state.queues[k].count), None)
+            klass = state.first_waiting(TIERS)
             if klass is None or not self._fits_now(state, scheduling, klass, now, queued=True):
                 break
             total = capacity(state.workers, state.spec, scheduling, now, self.share)
@@ -336,7 +336,7 @@ class Controller:
     def _fits_now(self, state: PoolState, scheduling: SchedulingPolicy, klass: str, now: float,
                   queued: bool = False, flow: Flow | None = None) -> bool:
         """May a request of ``klass`` (of ``flow``) start now? (``queued``: it is the head of its queue.)"""
-        if not queued and any(state.queues[k].count for k in TIERS[: TIERS.index(klass) + 1]):
+        if not queued and state.first_waiting(TIERS[: TIERS.index(klass) + 1]) is not None:
             return False  # others of its class or above are waiting first
         total = capacity(state.workers, state.spec, scheduling, now, self.share)
         free = total - state.granted

@@ -43,6 +43,14 @@ class PoolState:
     elsewhere: dict[str, dict[str, int]] = field(default_factory=dict)  # class -> tenant -> what the other gateway
     # processes report it holds in this pool (their heartbeats: Controller.fleet_changed)
 
+    def first_waiting(self, among: tuple[str, ...]) -> str | None:
+        """The first class of ``among`` (in the controller's order of priority) with a request queued; None when
+        none has one. A loop, not a generator: it runs at every admission and release."""
+        for klass in among:
+            if self.queues[klass].count:
+                return klass
+        return None
+
     def take(self, flow: Flow, key: int, cost: float, *, now: float, stream: bool = False) -> None:
         """A slot granted to the request ``key`` of ``flow``, charged ``cost`` tokens until its release; ``stream``:
         it is starting (before its first token) from ``now``."""
