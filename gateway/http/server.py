@@ -88,6 +88,12 @@ class _Gathered:
         self.closing = True
 
 
+def _sized(headers: Any) -> bool:
+    """Does the head declare its body's length? (One comprehension, not a generator stepped per header: it runs
+    for every answer.)"""
+    return b"content-length" in [name.lower() for name, _ in headers]
+
+
 class OneWriteCycle(RequestResponseCycle):
     """uvicorn's request-response cycle, except that a head declaring a ``content-length`` is held until the
     first body message and written with it: a plain answer's head and body reach the client in one write (one
@@ -103,7 +109,7 @@ class OneWriteCycle(RequestResponseCycle):
         held = self._held
         if held is None:
             if message["type"] != "http.response.start" or self.response_started or \
-                    not any(name.lower() == b"content-length" for name, _ in message.get("headers", ())):
+                    not _sized(message.get("headers", ())):
                 return await super().send(message)
             real, self.transport = self.transport, cast(asyncio.Transport, _Gathered())
             try:
