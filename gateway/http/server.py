@@ -98,10 +98,10 @@ class OneWriteCycle(RequestResponseCycle):
     """uvicorn's request-response cycle, except that a head declaring a ``content-length`` is held until the
     first body message and written with it: a plain answer's head and body reach the client in one write (one
     system call, one segment) instead of two. uvicorn still renders and checks every byte; only when they are
-    written changes. Only a sized head is held: its body is sent at once (``AsgiSink``), where a stream's head
-    (chunked) goes out before its first token, and only the first body message joins it, so nothing but a head
-    is ever held. A response that fails between head and body writes nothing, and the connection is closed
-    (uvicorn's cycle then closes it too)."""
+    written changes. Only a sized head is held, and only until the next message, which joins it: the gateway's
+    answers send their body at once (``AsgiSink``), a stream's head (chunked) is never held and goes out before
+    its first token, and nothing but a head is ever kept. A response that fails between head and body writes
+    nothing, and the connection is closed (uvicorn's cycle then closes it too)."""
 
     _held: _Gathered | None = None
 
