@@ -127,11 +127,14 @@ class _Sql(abc.ABC):
     def records(self, start: str, end: str, tenant: str | None, after: tuple[str, str] | None,
                 limit: int, tag: str | None = None, columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """Up to ``limit`` records after ``after`` (time, id) in time order; ``columns`` (of COLUMNS; time and id
-        always come) reads only those, for a reader that needs a few of a month's records' 26."""
+        always come) reads only those, for a reader that needs a few of a month's records' 26. A page's work is
+        its own rows' (plus those sharing the cursor's time), however deep the cursor."""
         names = list(COLUMNS) if columns is None else list(dict.fromkeys(["time", "id", *columns]))
         unknown = set(names) - set(COLUMNS)
         if unknown:
             raise ValueError(f"no ledger columns {sorted(unknown)}")
+        if after is not None:  # the index range starts at the cursor: each page reads its own rows, not every
+            start = max(start, after[0])  # row from ``start`` to the cursor again (a month's pages, quadratic)
         where, args = self._where(start, end, tenant, tag)
         if after is not None:
             where += f" AND (time > {self.mark} OR (time = {self.mark} AND id > {self.mark}))"

@@ -143,3 +143,35 @@ def test_a_sqlite_that_allows_fewer_variables_gets_smaller_statements(tmp_path: 
     ledger.insert([record(rng, i) for i in range(1_500)])
     assert len(stored(ledger)) == 1_500
     ledger.close()
+
+
+def test_a_page_costs_its_own_rows_however_deep_the_cursor(tmp_path: Path) -> None:
+    """Reading a month page by page is linear: SQLite's work for the last of 80 pages (counted in its virtual
+    machine's steps, not timed) is about the first's. The control is the predicate the pages once had, whose
+    index range began at the period's start for every page: its last page steps through every row before it."""
+    ledger = SqliteLedger(tmp_path / "ledger.sqlite3")
+    rng = random.Random(5)
+    ledger.insert([record(rng, i) | {"time": f"2026-12-07T10:{i // 800:02d}:00.{i:06d}Z"} for i in range(40_000)])
+    db = ledger._db()
+    steps = [0]
+
+    def tick() -> int:
+        steps[0] += 1
+        return 0
+
+    db.set_progress_handler(tick, 100)
+    work = []
+    pages = iter_all(ledger, OPEN_START, OPEN_END, None, page=500)
+    while True:
+        steps[0] = 0
+        if next(pages, None) is None:
+            break
+        work.append(steps[0])
+    assert len(work) == 80 and max(work) <= 2 * work[0], work
+    last = ("2026-12-07T10:49:00.039499Z", f"rec-{39_499:x}")
+    old = (f"SELECT {', '.join(COLUMNS)} FROM ledger WHERE time >= ? AND time < ? "
+           "AND (time > ? OR (time = ? AND id > ?)) ORDER BY time, id LIMIT 500")
+    steps[0] = 0
+    assert len(db.execute(old, [OPEN_START, OPEN_END, last[0], last[0], last[1]]).fetchall()) == 500
+    assert steps[0] > 10 * work[0], f"the control ({steps[0]} against {work[0]}) steps through every earlier row"
+    ledger.close()
