@@ -1,17 +1,25 @@
 """The GPU report as the gateway reads it (ledger records and presence spans from the shared store), its body as
 GET /admin/reports/gpu answers it (``document``: JSON or CSV), and the Prometheus gauges fed from it.
 
-The gauges cover the last ``WINDOW_S`` and are recomputed every ``REFRESH_S`` by a task of their own: a request
-pays nothing for them. They are fleet-wide (every replica reads the same store), so every replica shows the same
-values: aggregate them with max, not sum.
+The gauges cover ``WINDOW_S`` as steps of ``REFRESH_S`` aligned on the clock (``Window``), each gathered once by
+a task of their own: a request pays nothing for them on its path, and each ledger record is read about twice for
+them, whatever the window (its whole span read at each refresh was a record read 15 times, at 14 us a read). A
+step counts the requests that finished by one step after its end, and is gathered one step later still (the
+writers' batches and a short store outage have landed by then): the newest step ends two to three steps ago. A
+request's time in a step counts if it finished within a step of that step's end; a longer one's counts in the
+steps after, and every report counts it whole. The steps are fleet-wide (every replica reads the same store) and
+the same periods on every replica, so every replica shows the same values: aggregate them with max, not sum.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -26,6 +34,7 @@ from gateway.policy.schema import Policy
 log = logging.getLogger("tollgate.gpu")
 WINDOW_S = 900.0
 REFRESH_S = 60.0
+STEPS = round(WINDOW_S / REFRESH_S)
 COLUMNS = ("requests", "successful_requests", "prompt_tokens", "completion_tokens", "gpu_seconds", "gpu_cost_usd",
            "gpu_cost_per_1k_requests", "gpu_cost_per_1m_output_tokens", "list_cost_usd")
 
@@ -50,16 +59,23 @@ def gather_many(store: LedgerStore, policy: Policy, start: float, end: float, gr
     (blocking: on a thread): the records' needed columns only, a page at a time. ``fold``: each record passes
     through it before it is grouped (a statement's cost centres past a tenant's top become one line)."""
     late = max((p.answer_deadline_s for p in policy.pools.values()), default=900.0)
-    columns = [*READ, *(gpu.COLUMN.get(g, g) for grouping in groupings for g in grouping)]
-    pages = iter_all(store, at(start), at(end + late), None, columns=columns)
-    records = (fold(r) for page in pages for r in page) if fold else (r for page in pages for r in page)
-    spans = {s["id"]: s for s in store.presence(at(start), at(end))} | {s["id"]: s for s in live}
-    reports = gpu.reports(records, spans.values(), policy.pools, start, end, groupings)
+    reports = _reports(store, policy, start, end, end + late, groupings, live, fold)
     out = [report.public() for report in reports]
     out[0]["cheapest"] = [s.public() for s in sizing.cheapest(reports[0], policy)] if sizing_too else []
     for more in out[1:]:
         more["cheapest"] = out[0]["cheapest"]
     return out
+
+
+def _reports(store: LedgerStore, policy: Policy, start: float, end: float, until: float,
+             groupings: Sequence[Sequence[str]], live: list[dict[str, Any]],
+             fold: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> list[gpu.GpuReport]:
+    """The reports for [start, end) from the records that finished in [start, until)."""
+    columns = [*READ, *(gpu.COLUMN.get(g, g) for grouping in groupings for g in grouping)]
+    pages = iter_all(store, at(start), at(until), None, columns=columns)
+    records = (fold(r) for page in pages for r in page) if fold else (r for page in pages for r in page)
+    spans = {s["id"]: s for s in store.presence(at(start), at(end))} | {s["id"]: s for s in live}
+    return gpu.reports(records, spans.values(), policy.pools, start, end, groupings)
 
 
 class OnePass:
@@ -111,25 +127,99 @@ def document(store: LedgerStore, policy: Policy, start: float, end: float, group
     return body
 
 
-def publish(metrics: GatewayMetrics, out: dict[str, Any]) -> None:
-    metrics.gpu_busy.clear()
-    metrics.gpu_idle.clear()
-    metrics.gpu_per_1k.clear()
-    for w in out["workers"]:
-        metrics.gpu_busy.labels(w["pool"] or "", w["worker"]).set(w["busy_hours"] * 3600)
-        metrics.gpu_idle.labels(w["pool"] or "", w["worker"]).set(w["idle_hours"] * 3600)
-    for row in out["data"]:
-        if row["kind"] == "usage" and row["gpu_cost_per_1k_requests"] is not None:
-            metrics.gpu_per_1k.labels(row["tier"]).set(row["gpu_cost_per_1k_requests"])
+@dataclass(slots=True)
+class Step:
+    """One step of the fleet's GPU time, in the sums the gauges add up: seconds by (pool, worker), and the
+    successful requests that ended in it and the GPU cost of every request's time in it, by tier."""
+
+    end: float
+    busy_s: dict[tuple[str, str], float] = field(default_factory=dict)
+    idle_s: dict[tuple[str, str], float] = field(default_factory=dict)
+    cost_usd: dict[str, float] = field(default_factory=dict)
+    successful: dict[str, int] = field(default_factory=dict)
+
+
+def step(store: LedgerStore, policy: Policy, start: float, end: float, live: list[dict[str, Any]]) -> Step:
+    """The step [start, end), from the records that finished by one step after its end (blocking: on a
+    thread)."""
+    report = _reports(store, policy, start, end, end + (end - start), [["tier"]], live)[0]
+    out = Step(end)
+    for w in report.workers.values():
+        out.busy_s[(w.pool or "", w.worker)] = w.busy_s
+        out.idle_s[(w.pool or "", w.worker)] = w.idle_s
+    for row in report.rows.values():
+        out.cost_usd[row.key[0]] = row.gpu_cost_usd
+        out.successful[row.key[0]] = row.successful
+    return out
+
+
+class Window:
+    """The gauges' last ``WINDOW_S``: its ``STEPS`` steps of ``REFRESH_S``, each gathered once. ``refresh`` is
+    its one writer (blocking: on a thread), ``publish`` its reader, never at the same time."""
+
+    def __init__(self, store: LedgerStore) -> None:
+        self.store = store
+        self.steps: deque[Step] = deque(maxlen=STEPS)
+
+    @staticmethod
+    def newest(now: float) -> int:
+        """The index (its end over ``REFRESH_S``) of the newest step gathered at ``now``: one whose records are
+        read up to a step after its end, and whose read is a step later still."""
+        return math.floor(now / REFRESH_S) - 2
+
+    def refresh(self, now: float, policy: Policy, live: list[dict[str, Any]]) -> None:
+        """Gathers the steps due at ``now`` that are not held, oldest first. On the store's error the steps
+        gathered so far are kept, the rest are gathered at the next refresh, and the oldest held steps stand in
+        for them meanwhile."""
+        newest = self.newest(now)
+        first = newest - STEPS + 1
+        if self.steps:
+            first = max(first, round(self.steps[-1].end / REFRESH_S) + 1)
+        for index in range(first, newest + 1):
+            self.steps.append(step(self.store, policy, (index - 1) * REFRESH_S, index * REFRESH_S, live))
+
+    def totals(self) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float], dict[str, float]]:
+        """The held steps' busy and idle seconds by (pool, worker), and the GPU cost of 1,000 successful
+        requests by tier (a tier with none has no figure)."""
+        busy: dict[tuple[str, str], list[float]] = {}
+        idle: dict[tuple[str, str], list[float]] = {}
+        cost: dict[str, list[float]] = {}
+        successful: dict[str, int] = {}
+        for held in self.steps:
+            for place, seconds in held.busy_s.items():
+                busy.setdefault(place, []).append(seconds)
+            for place, seconds in held.idle_s.items():
+                idle.setdefault(place, []).append(seconds)
+            for tier, usd in held.cost_usd.items():
+                cost.setdefault(tier, []).append(usd)
+            for tier, count in held.successful.items():
+                successful[tier] = successful.get(tier, 0) + count
+        return ({place: math.fsum(parts) for place, parts in busy.items()},
+                {place: math.fsum(parts) for place, parts in idle.items()},
+                {tier: math.fsum(costs) * 1000 / successful[tier] for tier, costs in cost.items()
+                 if successful.get(tier)})
+
+    def publish(self, metrics: GatewayMetrics) -> None:
+        busy, idle, per_1k = self.totals()
+        metrics.gpu_busy.clear()
+        metrics.gpu_idle.clear()
+        metrics.gpu_per_1k.clear()
+        for (pool, worker), seconds in busy.items():
+            metrics.gpu_busy.labels(pool, worker).set(seconds)
+        for (pool, worker), seconds in idle.items():
+            metrics.gpu_idle.labels(pool, worker).set(seconds)
+        for tier, usd in per_1k.items():
+            metrics.gpu_per_1k.labels(tier).set(usd)
 
 
 async def keep_gauges(metrics: GatewayMetrics, store: LedgerStore, policy: Callable[[], Policy],
                       live: Callable[[float], list[dict[str, Any]]]) -> None:
+    window = Window(store)
     while True:
         now = time.time()
         try:
-            publish(metrics, await asyncio.to_thread(gather, store, policy(), now - WINDOW_S, now, ["tier"],
-                                                     live(now), False))
+            await asyncio.to_thread(window.refresh, now, policy(), live(now))
         except Exception as exc:  # the store is down: the gauges keep their last values
             log.warning("GPU gauges not refreshed: %s", exc)
-        await asyncio.sleep(REFRESH_S)
+        window.publish(metrics)
+        await asyncio.sleep(REFRESH_S - time.time() % REFRESH_S)
