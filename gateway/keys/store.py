@@ -243,6 +243,8 @@ class KeyStore(abc.ABC):
         The sizes are read first, in the database; an entry stored before the bound is fetched alone and
         bounded before the next one is read."""
         where, args = "time >= ? AND time < ?", [start, end]
+        if after is not None and after[0] < end:  # the index range ends at the cursor: a page reads its own
+            where, args = "time >= ? AND time <= ?", [start, after[0]]  # rows, not every newer one again
         if action is not None:
             where += " AND (action = ? OR action LIKE ? ESCAPE '!')"
             args += [action, action.replace("!", "!!").replace("_", "!_").replace("%", "!%") + ".%"]

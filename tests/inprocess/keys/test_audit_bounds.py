@@ -151,3 +151,33 @@ def page_through(store: KeyStore, sizes: list[int], budget: int, limit: int) -> 
         after = (page[-1]["time"], page[-1]["id"])
     assert not more and seen == whole, "every entry once, in order"
     assert store.audit_page("0000", "9999", limit, (whole[-1]["time"], whole[-1]["id"]), budget) == ([], False)
+
+
+def test_a_page_of_the_log_costs_its_own_entries_however_deep_the_cursor(tmp_path: Path) -> None:
+    """Paging back through a long log is linear: SQLite's work for the last of 60 pages (its virtual machine's
+    steps, not timed) is about the first's. The control is the predicate the pages once had, whose index range
+    ended at the period's end for every page: its last page steps through every newer entry first."""
+    store = SqliteKeyStore(tmp_path / "admin.sqlite3")
+    for n in range(6_000):
+        store.add_audit(entry(n, 0))
+    steps = [0]
+
+    def tick() -> int:
+        steps[0] += 1
+        return 0
+
+    store.db.set_progress_handler(tick, 100)
+    work, after, more = [], None, True
+    while more:
+        steps[0] = 0
+        page, more = store.audit_page("0000", "9999", 100, after, None)
+        work.append(steps[0])
+        after = (page[-1]["time"], page[-1]["id"])
+    assert len(work) == 60 and max(work) <= 2 * work[0], work
+    old = ("SELECT id FROM admin_audit WHERE time >= ? AND time < ? AND (time < ? OR (time = ? AND id < ?)) "
+           "ORDER BY time DESC, id DESC LIMIT 101")
+    steps[0] = 0
+    assert len(store.db.execute(old, ["0000", "9999", after[0], after[0], after[1]]).fetchall()) == 0
+    last_page_old = steps[0]
+    assert last_page_old > 10 * work[0], f"the control ({last_page_old} against {work[0]}) steps through every entry"
+    store._disconnect()
