@@ -563,14 +563,18 @@ def cursor_of(row: dict[str, Any]) -> str:
     return base64.urlsafe_b64encode(orjson.dumps([row["time"], row["id"]])).decode().rstrip("=")
 
 
+# an entry's time as gateway.ledger.times.at writes it: the only cursors this gateway hands out
+_ENTRY_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")
+
+
 def parse_cursor(text: str | None) -> tuple[str, str] | None:
     """A ``cursor`` as (time, id); anything this gateway did not hand out is a 400."""
     if text is None:
         return None
     try:
         time_, id_ = orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-        if isinstance(time_, str) and isinstance(id_, str) and len(time_) <= 40 and len(id_) <= 64:
-            return time_, id_
+        if isinstance(time_, str) and isinstance(id_, str) and _ENTRY_TIME.fullmatch(time_) and len(id_) <= 64:
+            return time_, id_  # a time as entries hold it: compared with the period's ends in Python and the store
     except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
         pass
     raise InvalidRequest("cursor is the next_cursor of an earlier page of /admin/audit.", "invalid_cursor",

@@ -167,7 +167,9 @@ def test_a_page_of_the_log_costs_its_own_entries_however_deep_the_cursor(tmp_pat
         return 0
 
     store.db.set_progress_handler(tick, 100)
-    work, after, more = [], None, True
+    work: list[int] = []
+    after: tuple[str, str] | None = None
+    more = True
     while more:
         steps[0] = 0
         page, more = store.audit_page("0000", "9999", 100, after, None)
@@ -177,6 +179,7 @@ def test_a_page_of_the_log_costs_its_own_entries_however_deep_the_cursor(tmp_pat
     old = ("SELECT id FROM admin_audit WHERE time >= ? AND time < ? AND (time < ? OR (time = ? AND id < ?)) "
            "ORDER BY time DESC, id DESC LIMIT 101")
     steps[0] = 0
+    assert after is not None
     assert len(store.db.execute(old, ["0000", "9999", after[0], after[0], after[1]]).fetchall()) == 0
     last_page_old = steps[0]
     assert last_page_old > 10 * work[0], f"the control ({last_page_old} against {work[0]}) steps through every entry"
