@@ -2,13 +2,17 @@
 GET /admin/reports/gpu answers it (``document``: JSON or CSV), and the Prometheus gauges fed from it.
 
 The gauges cover ``WINDOW_S`` as steps of ``REFRESH_S`` aligned on the clock (``Window``), each gathered once by
-a task of their own: a request pays nothing for them on its path, and each ledger record is read about twice for
-them, whatever the window (its whole span read at each refresh was a record read 15 times, at 14 us a read). A
-step counts the requests that finished by one step after its end, and is gathered one step later still (the
-writers' batches and a short store outage have landed by then): the newest step ends two to three steps ago. A
-request's time in a step counts if it finished within a step of that step's end; a longer one's counts in the
-steps after, and every report counts it whole. The steps are fleet-wide (every replica reads the same store) and
-the same periods on every replica, so every replica shows the same values: aggregate them with max, not sum.
+a task of their own: a request pays nothing for them on its path, and each ledger record is read by two steps,
+whatever the window (the whole window read at each refresh read a record 15 times, 4-5 us a read). A step
+counts the requests that finished by the end of the step after it, and is gathered a step later still (the
+writers' batches and a short store outage have landed by then): the newest step ends two to three steps ago.
+
+What that leaves out of the gauges, never out of the reports: a request's time in a step counts if it finished
+by the end of the next step, so a request that ran longer than a step counts only its last one to two steps
+(a 5-minute answer's last 1-2 minutes); a record that reached the store more than a step late (a spool replayed
+after an outage) is missing from the steps already gathered. The steps are fleet-wide (every replica reads the
+same store) and the same periods on every replica, so replicas that read the same records show the same values:
+aggregate them with max, not sum.
 """
 
 from __future__ import annotations
@@ -172,6 +176,8 @@ class Window:
         gathered so far are kept, the rest are gathered at the next refresh, and the oldest held steps stand in
         for them meanwhile."""
         newest = self.newest(now)
+        while self.steps and round(self.steps[-1].end / REFRESH_S) > newest:  # the clock went back
+            self.steps.pop()
         first = newest - STEPS + 1
         if self.steps:
             first = max(first, round(self.steps[-1].end / REFRESH_S) + 1)
@@ -200,6 +206,7 @@ class Window:
                  if successful.get(tier)})
 
     def publish(self, metrics: GatewayMetrics) -> None:
+        """The gauges set to ``totals``: a worker or tier the held steps do not name has no series."""
         busy, idle, per_1k = self.totals()
         metrics.gpu_busy.clear()
         metrics.gpu_idle.clear()
@@ -219,7 +226,10 @@ async def keep_gauges(metrics: GatewayMetrics, store: LedgerStore, policy: Calla
         now = time.time()
         try:
             await asyncio.to_thread(window.refresh, now, policy(), live(now))
-        except Exception as exc:  # the store is down: the gauges keep their last values
+        except Exception as exc:  # the store is down: the steps held stand until the next refresh gathers more
             log.warning("GPU gauges not refreshed: %s", exc)
-        window.publish(metrics)
+        try:
+            window.publish(metrics)
+        except Exception:  # never the end of the task: the next refresh publishes again
+            log.exception("GPU gauges not published")
         await asyncio.sleep(REFRESH_S - time.time() % REFRESH_S)

@@ -143,8 +143,8 @@ class GatewayMetrics:
                                             registry=r)
         self.retries = Counter("tollgate_upstream_retries", "Requests retried on another worker.", ["pool"],
                                registry=r)
-        window = ("over 15 minutes of whole minutes ending two to three minutes ago, fleet-wide (the same on every "
-                  "replica: aggregate with max)")
+        window = ("over 15 whole minutes ending two to three minutes ago, fleet-wide (the same on every replica: "
+                  "aggregate with max; a request longer than a minute counts its last one to two minutes)")
         self.gpu_busy = Gauge("tollgate_gpu_busy_seconds", f"Seconds the worker ran a request, {window}.",
                               ["pool", "worker"], registry=r)
         self.gpu_idle = Gauge("tollgate_gpu_idle_seconds", f"Seconds the worker was configured and ran nothing "

@@ -1,5 +1,5 @@
 """What the GPU gauges cost a request: the CPU of reading a window's records for them, per record, the window read
-whole (as each refresh did until 336904e) against the steps of ``gateway.finance.gpu_costs.Window``
+whole (as each refresh did until e43a489) against the steps of ``gateway.finance.gpu_costs.Window``
 (python -m loadtest run gpu_gauges [--rate 3900] [--seconds 300] [--seed S]).
 
 A SQLite ledger in a temporary directory is filled with ``--rate`` records a second for ``--seconds`` (requests of

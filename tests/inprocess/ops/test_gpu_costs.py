@@ -183,3 +183,25 @@ def test_a_refresh_that_fails_keeps_the_steps_gathered_and_the_next_gathers_the_
         failing.refresh(now, POLICY, [])
         steady.refresh(now, POLICY, [])
         assert failing.totals() == steady.totals()
+
+
+def test_a_clock_set_back_drops_the_steps_from_the_future_and_gathers_the_window_again() -> None:
+    records = [record("t", A, s, s + 10) for s in range(0, 900, 7)]
+    with ledger(records, [presence(A, 0, 900)]) as store:
+        jumped, steady = Window(store), Window(store)
+        now = T0 + 17 * REFRESH_S
+        jumped.refresh(now + 86_400, POLICY, [])
+        jumped.refresh(now, POLICY, [])
+        steady.refresh(now, POLICY, [])
+        assert [s.end for s in jumped.steps] == [s.end for s in steady.steps]
+        assert jumped.totals() == steady.totals() and steady.totals()[0]
+
+
+def test_a_request_longer_than_a_step_counts_its_last_one_to_two_steps_as_stated() -> None:
+    """The steps' stated bound, both ways: a 5-minute request alone on its worker shows in the gauges only its
+    time in the step it ended in and the one before (the report counts all five minutes)."""
+    with ledger([record("t", A, 10, 310)], [presence(A, 0, 900)]) as store:
+        window = Window(store)
+        window.refresh(T0 + 10 * REFRESH_S, POLICY, [])
+        busy = window.totals()[0][("gpu", A)]
+    assert busy == pytest.approx(310 - 4 * REFRESH_S)  # the step [240, 300) and its part of [300, 360)
