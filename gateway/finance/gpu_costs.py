@@ -221,9 +221,11 @@ class Window:
 
 async def keep_gauges(metrics: GatewayMetrics, store: LedgerStore, policy: Callable[[], Policy],
                       live: Callable[[float], list[dict[str, Any]]]) -> None:
+    """Refreshes and publishes the gauges at each minute of the clock, for ever (a task of its own)."""
     window = Window(store)
+    due = time.time()
     while True:
-        now = time.time()
+        now = max(time.time(), due)  # a timer that fires a little before the minute still gathers its step
         try:
             await asyncio.to_thread(window.refresh, now, policy(), live(now))
         except Exception as exc:  # the store is down: the steps held stand until the next refresh gathers more
@@ -232,4 +234,5 @@ async def keep_gauges(metrics: GatewayMetrics, store: LedgerStore, policy: Calla
             window.publish(metrics)
         except Exception:  # never the end of the task: the next refresh publishes again
             log.exception("GPU gauges not published")
-        await asyncio.sleep(REFRESH_S - time.time() % REFRESH_S)
+        due = (math.floor(now / REFRESH_S) + 1) * REFRESH_S
+        await asyncio.sleep(due - time.time())

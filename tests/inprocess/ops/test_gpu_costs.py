@@ -4,6 +4,7 @@ refresh read it 15 times), and the steps add up to the report over the same peri
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -205,3 +206,47 @@ def test_a_request_longer_than_a_step_counts_its_last_one_to_two_steps_as_stated
         window.refresh(T0 + 10 * REFRESH_S, POLICY, [])
         busy = window.totals()[0][("gpu", A)]
     assert busy == pytest.approx(310 - 4 * REFRESH_S)  # the step [240, 300) and its part of [300, 360)
+
+
+class EarlyClock:
+    """A wall clock whose sleeps end a millisecond early, as a loop's timer may against ``time.time``; the
+    sixth sleep ends the task."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.wakes = 0
+
+    def time(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.wakes += 1
+        if self.wakes > 5:
+            raise asyncio.CancelledError
+        self.now += max(0.0, seconds) - 0.001
+
+
+async def inline(fn: Any, *args: Any) -> Any:
+    return fn(*args)
+
+
+def test_the_gauges_task_gathers_a_step_each_minute_though_its_timer_fires_early() -> None:
+    """Five wake-ups, each a millisecond before the minute: the newest step held is the one due at the last
+    minute, as with a punctual timer. The control: the clock as it reads at that early wake-up (what the task
+    once gathered by) is a step behind."""
+    start = T0 + 20 * REFRESH_S + 5
+    clock, held = EarlyClock(start), []
+    real = gpu_costs.Window
+
+    def kept(store: Any) -> Window:
+        held.append(real(store))
+        return held[0]
+
+    with ledger([record("t", A, 0, 10)], [presence(A, 0, 900)]) as store, \
+            mock.patch.object(gpu_costs.time, "time", clock.time), \
+            mock.patch.object(gpu_costs.asyncio, "sleep", clock.sleep), \
+            mock.patch.object(gpu_costs.asyncio, "to_thread", inline), \
+            mock.patch.object(gpu_costs, "Window", kept), pytest.raises(asyncio.CancelledError):
+        asyncio.run(gpu_costs.keep_gauges(GatewayMetrics(), store, lambda: POLICY, lambda now: []))
+    assert held[0].steps[-1].end == T0 + 23 * REFRESH_S
+    assert Window.newest(clock.now) * REFRESH_S == T0 + 22 * REFRESH_S, "the control: a step behind"
