@@ -177,7 +177,7 @@ def test_a_sized_answer_is_one_write_and_a_streams_head_goes_first() -> None:
     """A head that declares its length leaves with its body in one write, pipelined answers each in theirs, in
     order; a stream's head (chunked) is written before its first event, never held. The positive control:
     uvicorn's own protocol writes a sized answer's head and body apart."""
-    get = b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n\r\nabc"
+    post = b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n\r\nabc"
     last = b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nconnection: close\r\n\r\nab"
 
     async def writes_of(app: Any, protocol: type[Any], *parts: bytes) -> tuple[list[bytes], bytes]:
@@ -188,7 +188,7 @@ def test_a_sized_answer_is_one_write_and_a_streams_head_goes_first() -> None:
 
     async def main() -> None:
         guarded = protocol_for(LIMITS)
-        writes, answer = await writes_of(echo_length, guarded, get + last)
+        writes, answer = await writes_of(echo_length, guarded, post + last)
         assert len(writes) == 2 and b"".join(writes) == answer, writes
         assert [w.startswith(b"HTTP/1.1 200") and w.endswith(b"\r\n\r\n" + body) for w, body in
                 zip(writes, (b"3", b"2"), strict=True)] == [True, True], writes
