@@ -192,7 +192,7 @@ class ScriptedResponse(Response):
     arrive one event a read), with no connection behind it."""
 
     def __init__(self, status: int, headers: list[tuple[bytes, bytes]], pieces: list[bytes]) -> None:
-        super().__init__(None)  # type: ignore[arg-type]
+        super().__init__(None, asyncio.get_running_loop())  # type: ignore[arg-type]
         self.status, self.headers, self.keep_alive = status, headers, True
         self.pieces = collections.deque(pieces)
 

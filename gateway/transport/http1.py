@@ -155,11 +155,12 @@ class Response:
     ``readany``. ``release`` hands the connection back for reuse (after the whole body); ``close`` drops it
     (the worker sees the client leave: vLLM aborts the request)."""
 
-    __slots__ = ("_chunks", "_conn", "_done", "_error", "_size", "_waiter", "headers", "keep_alive", "status",
-                 "total", "until_close")
+    __slots__ = ("_chunks", "_conn", "_done", "_error", "_loop", "_size", "_waiter", "headers", "keep_alive",
+                 "status", "total", "until_close")
 
-    def __init__(self, conn: _Connection) -> None:
+    def __init__(self, conn: _Connection, loop: asyncio.AbstractEventLoop) -> None:
         self._conn: _Connection | None = conn
+        self._loop = loop  # the pool's: asyncio.get_running_loop() makes a getpid(2) call at each wait
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.keep_alive = False
@@ -185,7 +186,7 @@ class Response:
                 raise self._error
             if self._done:
                 return b""
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            waiter = self._waiter = self._loop.create_future()
             try:
                 await waiter
             finally:
@@ -221,7 +222,7 @@ class Response:
             conn.finish(reuse=False)
 
     async def _wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
+        self._waiter = self._loop.create_future()
         try:
             await self._waiter
         finally:
@@ -405,7 +406,7 @@ class _Connection(asyncio.Protocol):
         if not self._move(HEAD):
             raise self.fault or StateError("the connection is not idle")
         loop = self.pool.loop
-        self.response = Response(self)
+        self.response = Response(self, self.pool.loop)
         self.head = loop.create_future()
         self.received = False
         self.head_bytes, self.tail, self.fault = 0, b"", None
