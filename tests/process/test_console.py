@@ -10,6 +10,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -68,11 +69,16 @@ def test_a_key_made_used_watched_and_revoked(start_gateway: Callable[..., Proc],
             client.chat.completions.create(model=MODEL, max_tokens=64,
                                            messages=[{"role": "user", "content": "How do refunds work?"}])
 
-        def spent() -> float:
+        def mine() -> list[dict[str, Any]]:
             rows = httpx.get(f"{gateway.url}/admin/reports/costs", headers=ADMIN,
                              params={"group_by": "key"}).json()["data"]
-            return sum(r["cost_usd"] for r in rows if r["key_id"] == key_id)
-        assert wait_for(lambda: spent() > 0, timeout=20), "the ledger has the key's requests"
+            return [r for r in rows if r["key_id"] == key_id]
+
+        def spent() -> float:
+            return sum(r["cost_usd"] for r in mine())
+        # all three records, not the first: the writer may land them in two flushes, and the page read between
+        # them would show less than the ledger holds when it is read again below
+        assert wait_for(lambda: sum(r["requests"] for r in mine()) == 3, timeout=20), "the ledger has all three"
         page.click("[data-testid=tab-tenants]")
         page.click("[data-testid=tab-keys]")
         row = page.locator("[data-testid=key-row]", has_text="support-bot")
