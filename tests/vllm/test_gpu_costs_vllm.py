@@ -61,8 +61,12 @@ def test_the_ledger_spans_agree_with_the_engines_own_time(vllm_server: Any,
     assert wait_for(settled, timeout=20), out.get("total", out)
     records = httpx.get(gateway.url + "/admin/ledger", params=window, headers=finance, timeout=30).json()["data"]
     ledger_seconds = sum(r["worker_ms"] for r in records) / 1000
-    # the gateway's span of a request holds the engine's, plus loopback and relay: a few per cent at most
-    assert engine_seconds <= ledger_seconds <= engine_seconds * 1.1 + 0.2, (ledger_seconds, engine_seconds)
+    # the gateway's span of a request holds the engine's, plus what vLLM's own front end does outside its e2e
+    # metric (the HTTP request, the chat template and tokenizing before the engine stamps its arrival, the answer's
+    # serialisation after) and the loopback: a few per cent, and a fixed part a request that a loaded 2-core host
+    # stretches (37 ms a request in one CI run, where a 0.2 s allowance for all 24 was exceeded)
+    assert engine_seconds <= ledger_seconds <= engine_seconds * 1.1 + 0.05 * len(records), \
+        (ledger_seconds, engine_seconds)
     rows = {r["tenant"]: r for r in out["data"] if r["kind"] == "usage"}
     # three lanes against one of the same work: three to one, within what a CPU engine's time does run to run
     # beside the suite's other processes (a lane's share moved by a fifth: 3.62 and 2.28 were seen in CI runs; the
