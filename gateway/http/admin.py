@@ -24,6 +24,7 @@ import logging
 import re
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -563,18 +564,15 @@ def cursor_of(row: dict[str, Any]) -> str:
     return base64.urlsafe_b64encode(orjson.dumps([row["time"], row["id"]])).decode().rstrip("=")
 
 
-# an entry's time as gateway.ledger.times.at writes it: the only cursors this gateway hands out
-_ENTRY_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")
-
-
 def parse_cursor(text: str | None) -> tuple[str, str] | None:
     """A ``cursor`` as (time, id); anything this gateway did not hand out is a 400."""
     if text is None:
         return None
     try:
         time_, id_ = orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-        if isinstance(time_, str) and isinstance(id_, str) and _ENTRY_TIME.fullmatch(time_) and len(id_) <= 64:
-            return time_, id_  # a time as entries hold it: compared with the period's ends in Python and the store
+        if isinstance(time_, str) and isinstance(id_, str) and len(time_) <= 40 and len(id_) <= 64 and \
+                times.sortable(datetime.fromisoformat(time_)) == time_:  # a time as entries hold it: compared
+            return time_, id_  # with the period's ends in Python and in the store, which agree on that form
     except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
         pass
     raise InvalidRequest("cursor is the next_cursor of an earlier page of /admin/audit.", "invalid_cursor",
