@@ -10,12 +10,13 @@ Guarantees:
   their equal share of the recent tokens or more leave free what the others' arrivals find in use at the p95,
   plus one slot (flows.ClassQueue.headroom; ``tenant_headroom``, the cap). No slot stays free while a request
   that may take it waits, beyond these reserves.
-- Paced by prefill, while two or more tenants hold or queue requests in the pool: no request is granted while
-  as many streams before their first token as the pool's steady flow needs are starting (its completions a
-  second times the workers' least TTFT, plus one per worker; a stream without its first token after
-  PREFILL_STUCK_S no longer counts). The backlog then waits here, in the fairness policy's order, not in the
-  engines' prefill queues, where every flow waits alike. One tenant alone is not paced: there is nobody to
-  order it against.
+- Paced by prefill: while as many streams before their first token as the pool's steady flow needs are
+  starting (its completions a second times the workers' least TTFT, plus one per worker; a stream without its
+  first token after PREFILL_STUCK_S no longer counts) and two or more tenants hold or queue requests in the
+  pool, the flows over their share of the recent tokens (the headroom's split) are not granted: their backlog
+  waits here, in the fairness policy's order, not in the engines' prefill queues. A flow under its share is not
+  held (its streams count among those starting); when none is under it, every flow of the class is. One tenant
+  alone is not paced: there is nobody to order it against.
 - Deadlines: each class has a longest queue wait (80% of its TTFT SLO by default). A standard or batch request
   whose forecast wait (the waiters fairness grants first, at the measured drain rate) would pass it is refused
   at once with 429 and a Retry-After; premium only at its deadline. A premium request still queued at half its
@@ -306,12 +307,12 @@ class Controller:
             if klass is None or not self._fits_now(state, scheduling, klass, now, queued=True):
                 break
             total = capacity(state.workers, state.spec, scheduling, now, self.share)
-            blocked = self._held_back(state, scheduling, klass, total, now)
+            blocked = self._held_back(state, scheduling, klass, total, now) | self._paced_flows(state, klass, now)
             if klass == "premium" and state.granted >= total:  # past this process's part: the fleet's shares
                 blocked |= self._fleet_over(state, scheduling, now)
             waiter = state.queues[klass].pop(fairness, blocked)
             if waiter is None:
-                break  # only flows over their share wait in the top class: the slot stays free for the others
+                break  # only flows held back or paced wait in the top class: the slot stays free for the others
             state.queued_bytes -= waiter.size
             if waiter.future.done():
                 continue
@@ -335,14 +336,14 @@ class Controller:
 
     def _fits_now(self, state: PoolState, scheduling: SchedulingPolicy, klass: str, now: float,
                   queued: bool = False, flow: Flow | None = None) -> bool:
-        """May a request of ``klass`` (of ``flow``) start now? (``queued``: it is the head of its queue.)"""
+        """May a request of ``klass`` (of ``flow``) start now? (``queued``: it is the head of its queue.) With no
+        ``flow`` neither the headroom nor pacing is checked: the caller's ``pop`` leaves out the flows they hold."""
         if not queued and state.first_waiting(TIERS[: TIERS.index(klass) + 1]) is not None:
             return False  # others of its class or above are waiting first
         total = capacity(state.workers, state.spec, scheduling, now, self.share)
         free = total - state.granted
-        if flow is not None and flow in self._held_back(state, scheduling, klass, total, now):
-            return False
-        if state.starting and self._paced(state, now) and _contended(state, flow):
+        if flow is not None and (flow in self._held_back(state, scheduling, klass, total, now) or
+                                 flow in self._paced_flows(state, klass, now, flow)):
             return False
         if klass == "premium":
             return free > 0 or (self._premium_past_limit(state, scheduling, now)
@@ -350,6 +351,18 @@ class Controller:
         if klass == "batch" and (state.queues["premium"].count or state.queues["standard"].count):
             return False
         return free > self._reserved(total, scheduling, klass)
+
+    def _paced_flows(self, state: PoolState, klass: str, now: float, flow: Flow | None = None) -> set[Flow]:
+        """The flows of ``klass`` pacing holds back now: none while fewer streams are starting than the pool's
+        steady flow needs, or while one tenant alone holds or queues requests in the pool (there is nobody to
+        order its backlog against); else those over their share of the recent tokens (flows.ClassQueue.split),
+        or every flow of the class when none is under it. A flow under its share is not held: its streams count
+        among those starting."""
+        if not state.starting or not self._paced(state, now) or not _contended(state, flow):
+            return set()
+        queue = state.queues[klass]
+        over, under = queue.split(now)
+        return over if under else set(queue.flows.values())
 
     @staticmethod
     def _paced(state: PoolState, now: float) -> bool:

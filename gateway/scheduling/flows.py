@@ -189,17 +189,25 @@ class ClassQueue:
         held on average (requests that arrive at random and each hold a slot for a while: M/G/infinity), so at
         least STARTS_AT_ONCE of their arrivals start at once while the cap allows. With every active flow alike,
         none is over."""
-        active = self.active(now)
-        if len(active) < 2 or cap <= 0:
+        if cap <= 0:
             return set(), 0
-        share = sum(f.recent_tokens(now) for f in active) / len(active)
-        over = {f for f in active if f.recent_tokens(now) >= share}
-        under = [f for f in active if f not in over]
+        over, under = self.split(now)
         if not under:  # all alike: nobody to keep room for
             return set(), 0
         usage = sum(f.recent_slots(now) for f in under)
         need = poisson_quantile(usage, STARTS_AT_ONCE) + 1 - sum(f.held for f in under)
         return over, min(max(1, need), cap)
+
+    def split(self, now: float) -> tuple[set[Flow], list[Flow]]:
+        """The active flows charged at least their mean over about the last ACTIVE_S (over their share), and the
+        others; both empty with fewer than two active, and nobody over when all are alike."""
+        active = self.active(now)
+        if len(active) < 2:
+            return set(), []
+        share = sum(f.recent_tokens(now) for f in active) / len(active)
+        over = {f for f in active if f.recent_tokens(now) >= share}
+        under = [f for f in active if f not in over]
+        return (over, under) if under else (set(), [])
 
     def victim(self, spared: Flow, queued: bool) -> Waiter | None:
         """Who is refused in place of a request of ``spared`` (``queued``: that request is among its waiters, else

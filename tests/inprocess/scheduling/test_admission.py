@@ -29,22 +29,22 @@ class Clock:
         return self.now
 
 
-def snapshot(**scheduling: Any) -> PolicySnapshot:
+def snapshot(slots: int = 2, **scheduling: Any) -> PolicySnapshot:
     policy = Policy.model_validate({
         "tenants": {"p1": {"tier": "premium"}, "p2": {"tier": "premium"}, "s1": {"tier": "standard"},
                     "s2": {"tier": "standard"}, "heavy": {"tier": "standard", "weight": 1.0}, "b1": {"tier": "batch"}},
         "models": {"m": {"pool": "p"}},
-        "pools": {"p": {"workers": ["http://w1"], "max_inflight_per_worker": 2}},
+        "pools": {"p": {"workers": ["http://w1"], "max_inflight_per_worker": slots}},
         "scheduling": {"batch_headroom": 0.0, "premium_reserve": 0.0, "tenant_headroom": 0.0, **scheduling}})
     return PolicySnapshot.build(policy, "test")
 
 
 class Harness:
-    def __init__(self, **scheduling: Any) -> None:
+    def __init__(self, slots: int = 2, **scheduling: Any) -> None:
         self.clock = Clock()
-        self.snap = snapshot(**scheduling)
+        self.snap = snapshot(slots, **scheduling)
         self.controller = Controller(clock=self.clock)
-        self.worker = live_worker("http://w1", scraped_at=self.clock.now, limit=2)
+        self.worker = live_worker("http://w1", scraped_at=self.clock.now, limit=slots)
         self.worker.learned.limit_found = True  # the engine has shown what it runs: forecasts may refuse
         self.spec = self.snap.policy.pools["p"]
         self.controller.track("p", [self.worker], self.spec)
@@ -370,24 +370,34 @@ def test_a_full_queue_refuses_the_flood_not_a_tenant_served_less() -> None:
     asyncio.run(control())
 
 
-def test_streams_wait_while_the_pool_has_its_flow_of_prefills_and_a_stuck_one_stops_counting() -> None:
-    """With no completions yet the bound is one stream per worker: a second stream waits for the first one's first
-    token (the backlog stays in the gateway's order, not in the engine's prefill queue); one still without its
-    first token after PREFILL_STUCK_S is a hung worker's, and stops holding the others back."""
+def test_a_flow_over_its_share_waits_for_the_pools_flow_of_prefills_and_one_under_it_does_not() -> None:
+    """With no completions yet the bound is one stream per worker. The flow charged more than the mean waits for
+    the first stream's first token (its backlog stays in the gateway's order, not in the engine's prefill queue),
+    while a flow charged less starts at once: pacing holds what the headroom would hold, the flows over their
+    share. One still without its first token after PREFILL_STUCK_S is a hung worker's, and stops holding the
+    others back."""
     async def main() -> None:
-        h = Harness()
+        h = Harness(slots=4)
         h.worker.learned.ttft_floor = 0.05
+        await h.admit(h.ctx("s2"), cost=10)  # a light flow, holding one whole answer
         first = h.ctx("s1")
         first.stream = True
         await h.admit(first)
-        second = h.ctx("s2")
+        second = h.ctx("s1")
         second.stream = True
         waiting = asyncio.ensure_future(h.admit(second))
         await settle()
-        assert not waiting.done(), "one stream before its first token: the pool's one worker has its prefill"
-        h.controller.first_token(first, h.pool, h.worker, h.snap.policy.scheduling, 1, 0.05)
+        assert not waiting.done(), "one stream before its first token: the flood's next one waits"
+        light = h.ctx("s2")
+        light.stream = True
+        started = asyncio.ensure_future(h.admit(light, cost=10))
         await settle()
-        assert waiting.done(), "its first token came: the next stream starts"
+        assert started.done(), "the flow under its share is not paced: it goes to the engine at once"
+        assert not waiting.done(), "two streams before their first token now"
+        h.controller.first_token(light, h.pool, h.worker, h.snap.policy.scheduling, 3, 0.05)
+        h.controller.first_token(first, h.pool, h.worker, h.snap.policy.scheduling, 3, 0.05)
+        await settle()
+        assert waiting.done(), "their first tokens came: the next stream starts"
         h.release(first)
         third = h.ctx("s1")
         third.stream = True
@@ -404,10 +414,12 @@ def test_streams_wait_while_the_pool_has_its_flow_of_prefills_and_a_stuck_one_st
 
 def test_one_tenant_alone_is_not_paced() -> None:
     """Pacing orders the backlog between tenants: a tenant alone in the pool starts its second stream beside the
-    first one's prefill (the engine batches prefills), where a second tenant's would wait (the test above)."""
+    first one's prefill (the engine batches prefills), where it would wait while another tenant holds a request
+    (the test above). A tenant that asked a moment ago and holds nothing now is not one to order it against."""
     async def main() -> None:
         h = Harness()
         h.worker.learned.ttft_floor = 0.05
+        h.release(await h.admit(h.ctx("s2"), cost=10))
         first, second = h.ctx("s1"), h.ctx("s1")
         first.stream = second.stream = True
         await h.admit(first)
