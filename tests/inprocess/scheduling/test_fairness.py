@@ -15,8 +15,8 @@ for a time that grows with their output, and are released with the tokens the en
 - premium never waits behind standard or batch: no lower class is granted while premium waits.
 
 Each property has a positive control: a deliberately broken scheduler that the same check catches. The requests
-are whole answers, not streams, so the pacing by prefills in flight is not in play here (its scenario is in
-test_admission.py)."""
+are whole answers, except in the quiet flow's property, which runs them also as streams (a first token after a
+prefill that grows with the prompt), so that the pacing by prefills in flight is in play there."""
 
 from __future__ import annotations
 
@@ -60,6 +60,7 @@ class Trace:
     spread: list[tuple[float, float]] = field(default_factory=list)  # (counter spread, its bound) per check
     quiet_waited: list[str] = field(default_factory=list)  # a quiet request that missed the first release
     quiet_shed: list[str] = field(default_factory=list)  # a quiet request refused while a flow served more waited
+    quiet_held: list[str] = field(default_factory=list)  # a quiet request under its share not started on a free slot
     idle: list[str] = field(default_factory=list)
     behind: list[str] = field(default_factory=list)  # a lower class granted while premium waited
     served: dict[str, int] = field(default_factory=dict)
@@ -97,14 +98,19 @@ def _counter_bound(reqs: list[Req], slots: int) -> float:
     return (slots + 1) * max(max(r.prompt + r.max_out, r.prompt - r.cached + r.out) for r in reqs)
 
 
+PREFILL_S = 0.00005  # a prompt token's prefill, for streams: a stream's first token comes this long a token in
+FIRST, END = 0, 1  # what a running request's next event is
+
+
 def simulate(reqs: list[Req], limits: list[int], quiet: str | None = None, deadline_ms: float = 1e9,
-             **scheduling: Any) -> Trace:
+             streams: bool = False, **scheduling: Any) -> Trace:
     """Run ``reqs`` through a Controller over workers of ``limits``; ``quiet``: the tenant whose requests are
-    checked to start by the first release after them."""
-    return asyncio.run(_simulate(reqs, limits, quiet, deadline_ms, scheduling))
+    checked to start by the first release after them; ``streams``: each request is streamed, and the controller
+    hears its first token after its prefill."""
+    return asyncio.run(_simulate(reqs, limits, quiet, deadline_ms, streams, scheduling))
 
 
-async def _simulate(reqs: list[Req], limits: list[int], quiet: str | None, deadline_ms: float,
+async def _simulate(reqs: list[Req], limits: list[int], quiet: str | None, deadline_ms: float, streams: bool,
                     scheduling: dict[str, Any]) -> Trace:
     clock, trace = Clock(), Trace()
     snap = snapshot(deadline_ms, **scheduling)
@@ -118,7 +124,7 @@ async def _simulate(reqs: list[Req], limits: list[int], quiet: str | None, deadl
     bound = _counter_bound(reqs, sum(limits))
     _watch_grants(state, trace)
     arrivals = sorted(reqs, key=lambda r: r.at)
-    running: list[tuple[float, int, RequestContext, Req]] = []
+    running: list[tuple[float, int, int, RequestContext, Req]] = []  # (when, seq, FIRST or END, ...)
     waiting: dict[asyncio.Task[Any], tuple[RequestContext, Req]] = {}
     quiet_waiting: dict[str, int] = {}  # a quiet request -> releases seen since it came
     seq = 0
@@ -134,6 +140,7 @@ async def _simulate(reqs: list[Req], limits: list[int], quiet: str | None, deadl
             ctx = RequestContext(f"r{seq}", snap, CHAT)
             ctx.tenant = snap.tenants[req.tenant]
             ctx.service_class = ctx.tenant.tier
+            ctx.stream = streams
             queue = state.queues[TENANTS[req.tenant]]
             others = [f for f in queue.flows.values() if f.waiters]
             own = queue.flows.get(req.tenant)
@@ -141,10 +148,21 @@ async def _simulate(reqs: list[Req], limits: list[int], quiet: str | None, deadl
                     (own is None or all(own.counter <= f.counter for f in others)):
                 # beside flows with more outstanding than its one, and served no more than they were: checked
                 quiet_waiting[ctx.request_id] = 0
+            free = ctx.request_id in quiet_waiting and _free(state, controller, policy, TENANTS[req.tenant], clock.now)
             task = asyncio.ensure_future(controller.admit(ctx, "p", req.prompt + req.max_out, 100))
             waiting[task] = (ctx, req)
+            if free:
+                await settle()
+                queue = state.queues[TENANTS[req.tenant]]
+                if not task.done() and queue.flows.get(req.tenant) in queue.split(clock.now)[1]:
+                    trace.quiet_held.append(f"{req.tenant} at {req.at:.3f} under its share waited beside a free slot")
+        elif running[0][2] == FIRST:
+            _, _, _, ctx, req = heapq.heappop(running)
+            worker = workers[seq % len(workers)]
+            controller.first_token(ctx, state, worker, policy, state.granted, req.prompt * PREFILL_S)
+            heapq.heappush(running, (clock.now + 0.01 + req.out * 0.001, seq, END, ctx, req))
         else:
-            _, _, ctx, req = heapq.heappop(running)
+            _, _, _, ctx, req = heapq.heappop(running)
             ctx.prompt_tokens, ctx.cached_tokens, ctx.completion_tokens = req.prompt, req.cached, req.out
             for other in quiet_waiting:
                 quiet_waiting[other] += 1
@@ -163,7 +181,10 @@ async def _simulate(reqs: list[Req], limits: list[int], quiet: str | None, deadl
             if quiet_waiting.pop(ctx.request_id, 0) > 1:
                 trace.quiet_waited.append(f"{req.tenant} at {req.at:.3f} started after two releases or more")
             trace.served[req.tenant] = trace.served.get(req.tenant, 0) + req.prompt - req.cached + req.out
-            heapq.heappush(running, (clock.now + 0.01 + req.out * 0.001, seq, ctx, req))
+            if streams:
+                heapq.heappush(running, (clock.now + req.prompt * PREFILL_S, seq, FIRST, ctx, req))
+            else:
+                heapq.heappush(running, (clock.now + 0.01 + req.out * 0.001, seq, END, ctx, req))
             seq += 1
         _check(state, controller, policy, clock.now, bound, trace)
     for task in waiting:
@@ -192,6 +213,11 @@ def _room(state: PoolState, controller: Controller, policy: Any, klass: str, now
     if klass == "batch":
         reserve = max(reserve, kept_free(total, policy.batch_headroom))
     return total, total - reserve
+
+
+def _free(state: PoolState, controller: Controller, policy: Any, klass: str, now: float) -> bool:
+    """Is a slot ``klass`` may take free (beyond the reserves)?"""
+    return _room(state, controller, policy, klass, now)[1] - state.granted > 0
 
 
 def _flood_queued(state: PoolState, quiet: str) -> bool:
@@ -297,12 +323,12 @@ def quiet_beside_floods(draw: st.DrawFn) -> list[Req]:
 
 @SETTINGS
 @given(reqs=quiet_beside_floods(), limits=pools, headroom=st.sampled_from([0.0, 0.1, 0.5]),
-       deadline_ms=st.sampled_from([200.0, 1e9]))
+       deadline_ms=st.sampled_from([200.0, 1e9]), streams=st.booleans())
 def test_a_quiet_flow_starts_by_the_next_release_and_is_never_refused_for_a_flood(
-        reqs: list[Req], limits: list[int], headroom: float, deadline_ms: float) -> None:
-    trace = simulate(reqs, limits, quiet="s5", deadline_ms=deadline_ms, premium_reserve=0.0,
+        reqs: list[Req], limits: list[int], headroom: float, deadline_ms: float, streams: bool) -> None:
+    trace = simulate(reqs, limits, quiet="s5", deadline_ms=deadline_ms, streams=streams, premium_reserve=0.0,
                      tenant_headroom=headroom)
-    assert trace.quiet_waited == [] and trace.quiet_shed == []
+    assert trace.quiet_waited == [] and trace.quiet_shed == [] and trace.quiet_held == []
 
 
 def _quiet_reqs() -> list[Req]:
@@ -313,12 +339,30 @@ def _quiet_reqs() -> list[Req]:
 def test_the_quiet_check_catches_first_come_first_served(monkeypatch: pytest.MonkeyPatch) -> None:
     """Positive control: served in arrival order (and no headroom), the quiet flow waits behind the flood's
     backlog, and with a deadline it is the one refused."""
-    plain = {"premium_reserve": 0.0, "tenant_headroom": 0.0}
+    plain: dict[str, Any] = {"premium_reserve": 0.0, "tenant_headroom": 0.0}
     assert simulate(_quiet_reqs(), [4], quiet="s5", **plain).quiet_waited == []
     assert simulate(_quiet_reqs(), [4], quiet="s5", deadline_ms=200.0, **plain).quiet_shed == []
     monkeypatch.setitem(flows.FAIRNESS, "served_tokens", flows.Fcfs())
     assert simulate(_quiet_reqs(), [4], quiet="s5", **plain).quiet_waited != []
     assert simulate(_quiet_reqs(), [4], quiet="s5", deadline_ms=200.0, **plain).quiet_shed != []
+
+
+def test_the_quiet_check_catches_pacing_that_holds_every_flow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Positive control: floods of streams whose prompts are short and long (the least TTFT is the short ones',
+    so the pool is at its pacing bound while the long ones prefill); pacing every flow alike, not only those over
+    their share, holds the quiet flow's stream past releases, until a first token."""
+    flood = [Req(tenant, 0.0, prompt, 40, 40) for tenant in ("s0", "s1") for _ in range(40) for prompt in (100, 2000)]
+    reqs = [*flood, Req("s5", 1.0, 100, 100, 100), Req("s5", 4.0, 100, 100, 100)]
+    plain: dict[str, Any] = {"premium_reserve": 0.0, "tenant_headroom": 0.0}
+    assert simulate(reqs, [8], quiet="s5", streams=True, **plain).quiet_held == []
+
+    def every_flow(self: Controller, state: PoolState, klass: str, now: float, flow: Flow | None = None) -> set[Flow]:
+        if not state.starting or not self._paced(state, now) or not controller_module._contended(state, flow):
+            return set()
+        return set(state.queues[klass].flows.values())
+
+    monkeypatch.setattr(Controller, "_paced_flows", every_flow)
+    assert simulate(reqs, [8], quiet="s5", streams=True, **plain).quiet_held != []
 
 
 def test_at_a_tie_in_counter_and_outstanding_the_flow_granted_longest_ago_goes_first() -> None:
