@@ -126,7 +126,7 @@ async def _simulate(reqs: list[Req], limits: list[int], quiet: str | None, deadl
     arrivals = sorted(reqs, key=lambda r: r.at)
     running: list[tuple[float, int, int, RequestContext, Req]] = []  # (when, seq, FIRST or END, ...)
     waiting: dict[asyncio.Task[Any], tuple[RequestContext, Req]] = {}
-    quiet_waiting: dict[str, int] = {}  # a quiet request -> releases seen since it came
+    quiet_waiting: dict[str, int] = {}  # a quiet request -> releases since it came that were its to take
     seq = 0
     while arrivals or running or waiting:
         if not arrivals and not running:  # what waits can only be for a reserve: nothing will free it
@@ -164,9 +164,10 @@ async def _simulate(reqs: list[Req], limits: list[int], quiet: str | None, deadl
         else:
             _, _, _, ctx, req = heapq.heappop(running)
             ctx.prompt_tokens, ctx.cached_tokens, ctx.completion_tokens = req.prompt, req.cached, req.out
-            for other in quiet_waiting:
-                quiet_waiting[other] += 1
             controller.release(ctx, state)
+            if quiet is not None and _first_in_line(state, quiet):  # the release was the quiet flow's to take
+                for other in quiet_waiting:
+                    quiet_waiting[other] += 1
         seq += 1
         await settle()
         for task in [t for t in waiting if t.done()]:
@@ -218,6 +219,16 @@ def _room(state: PoolState, controller: Controller, policy: Any, klass: str, now
 def _free(state: PoolState, controller: Controller, policy: Any, klass: str, now: float) -> bool:
     """Is a slot ``klass`` may take free (beyond the reserves)?"""
     return _room(state, controller, policy, klass, now)[1] - state.granted > 0
+
+
+def _first_in_line(state: PoolState, quiet: str) -> bool:
+    """After a release and its grants: does every other flow holding or queueing requests in ``quiet``'s class
+    have more than one outstanding and a counter no lower than ``quiet``'s? Then the slot freed was ``quiet``'s
+    to take. A flood shed down to a single request meanwhile is as quiet as it is, and at a tie may go first."""
+    queue = state.queues[TENANTS[quiet]]
+    mine = queue.flows.get(quiet)
+    return mine is not None and all(f.held + len(f.waiters) > 1 and mine.counter <= f.counter
+                                    for f in queue.flows.values() if (f.held or f.waiters) and f is not mine)
 
 
 def _flood_queued(state: PoolState, quiet: str) -> bool:
@@ -350,7 +361,7 @@ def test_the_quiet_check_catches_first_come_first_served(monkeypatch: pytest.Mon
 def test_the_quiet_check_catches_pacing_that_holds_every_flow(monkeypatch: pytest.MonkeyPatch) -> None:
     """Positive control: floods of streams whose prompts are short and long (the least TTFT is the short ones',
     so the pool is at its pacing bound while the long ones prefill); pacing every flow alike, not only those over
-    their share, holds the quiet flow's stream past releases, until a first token."""
+    their share, holds the quiet flow's stream beside a free slot until the next first token."""
     flood = [Req(tenant, 0.0, prompt, 40, 40) for tenant in ("s0", "s1") for _ in range(40) for prompt in (100, 2000)]
     reqs = [*flood, Req("s5", 1.0, 100, 100, 100), Req("s5", 4.0, 100, 100, 100)]
     plain: dict[str, Any] = {"premium_reserve": 0.0, "tenant_headroom": 0.0}
