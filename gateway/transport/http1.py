@@ -406,7 +406,7 @@ class _Connection(asyncio.Protocol):
         if not self._move(HEAD):
             raise self.fault or StateError("the connection is not idle")
         loop = self.pool.loop
-        self.response = Response(self, self.pool.loop)
+        self.response = Response(self, loop)
         self.head = loop.create_future()
         self.received = False
         self.head_bytes, self.tail, self.fault = 0, b"", None
