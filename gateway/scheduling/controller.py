@@ -20,7 +20,8 @@ Guarantees:
 - Deadlines: each class has a longest queue wait (80% of its TTFT SLO by default). A standard or batch request
   whose forecast wait (the waiters fairness grants first, at the measured drain rate) would pass it is refused
   at once with 429 and a Retry-After; premium only at its deadline. A premium request still queued at half its
-  deadline goes past this process's part of the workers' limits, unless its flow is over its share of the fleet.
+  deadline goes past this process's part of the workers' limits, unless its flow is over its share of the fleet,
+  or pacing holds it as over its share of the recent tokens beside a flow under it.
 - Refusals fall on the flood: a request that the forecast, its deadline or a full queue would refuse is kept
   while a flow of its class after it in the served-token order (higher counter, then more requests held and
   queued) has waiters, and the newest of those is refused in its place.
@@ -281,9 +282,12 @@ class Controller:
 
     async def _spilled(self, state: PoolState, scheduling: SchedulingPolicy, waiter: Waiter, after_s: float) -> bool:
         """Wait ``after_s`` for a grant; still waiting then, take a slot past this process's part of the limit
-        when the premium requests held stay within the workers' whole limits and the flow is not over its share
-        of the fleet (True: it took one; past its part it lands in another replica's free slot, or at the head
-        of the engine's queue, for the next of its sequences to end)."""
+        when the premium requests held stay within the workers' whole limits, the flow is not over its share of
+        the fleet, and pacing does not hold it as over its share of the recent tokens beside a flow under it
+        (the spill is a way past this process's part, not past the order between flows: a flood pacing holds
+        would go to the engines' prefill queues ahead of the quiet flow). True: it took one; past its part it
+        lands in another replica's free slot, or at the head of the engine's queue, for the next of its
+        sequences to end."""
         try:
             async with asyncio.timeout(after_s):
                 await asyncio.shield(waiter.future)
@@ -293,6 +297,10 @@ class Controller:
         if waiter.future.done() or not self._premium_within_limits(state, scheduling, now) or \
                 waiter.flow in self._fleet_over(state, scheduling, now):
             return False
+        if self._pacing(state, now, waiter.flow):
+            over, under = state.queues["premium"].split(now)
+            if under and waiter.flow in over:
+                return False
         self._forget(state, waiter)
         state.take(waiter.flow, id(waiter.ctx), waiter.cost, now=now, stream=waiter.ctx.stream)
         waiter.ctx.past_limit = True
@@ -307,7 +315,7 @@ class Controller:
             if klass is None or not self._fits_now(state, scheduling, klass, now, queued=True):
                 break
             total = capacity(state.workers, state.spec, scheduling, now, self.share)
-            blocked = self._held_back(state, scheduling, klass, total, now) | self._paced_flows(state, klass, now)
+            blocked = self._blocked(state, scheduling, klass, total, now)
             if klass == "premium" and state.granted >= total:  # past this process's part: the fleet's shares
                 blocked |= self._fleet_over(state, scheduling, now)
             waiter = state.queues[klass].pop(fairness, blocked)
@@ -342,8 +350,7 @@ class Controller:
             return False  # others of its class or above are waiting first
         total = capacity(state.workers, state.spec, scheduling, now, self.share)
         free = total - state.granted
-        if flow is not None and (flow in self._held_back(state, scheduling, klass, total, now) or
-                                 flow in self._paced_flows(state, klass, now, flow)):
+        if flow is not None and flow in self._blocked(state, scheduling, klass, total, now, flow):
             return False
         if klass == "premium":
             return free > 0 or (self._premium_past_limit(state, scheduling, now)
@@ -352,17 +359,10 @@ class Controller:
             return False
         return free > self._reserved(total, scheduling, klass)
 
-    def _paced_flows(self, state: PoolState, klass: str, now: float, flow: Flow | None = None) -> set[Flow]:
-        """The flows of ``klass`` pacing holds back now: none while fewer streams are starting than the pool's
-        steady flow needs, or while one tenant alone holds or queues requests in the pool (there is nobody to
-        order its backlog against); else those over their share of the recent tokens (flows.ClassQueue.split),
-        or every flow of the class when none is under it. A flow under its share is not held: its streams count
-        among those starting."""
-        if not state.starting or not self._paced(state, now) or not _contended(state, flow):
-            return set()
-        queue = state.queues[klass]
-        over, under = queue.split(now)
-        return over if under else set(queue.flows.values())
+    def _pacing(self, state: PoolState, now: float, flow: Flow | None = None) -> bool:
+        """Does pacing hold the pool now: streams are starting, as many as its steady flow needs (``_paced``),
+        and another tenant than ``flow``'s (the head of a queue's, when None) holds or queues requests in it?"""
+        return bool(state.starting) and self._paced(state, now) and _contended(state, flow)
 
     @staticmethod
     def _paced(state: PoolState, now: float) -> bool:
@@ -380,19 +380,32 @@ class Controller:
         (``engine_priority``), up to the workers' whole limits in premium requests."""
         return state.spec.engine_priority and self._premium_within_limits(state, scheduling, now)
 
-    def _held_back(self, state: PoolState, scheduling: SchedulingPolicy, klass: str, total: int,
-                   now: float) -> set[Flow]:
-        """The flows of ``klass`` that may not take the next slot: those over their share, while taking it would
-        leave fewer slots free than the flows under their share need (flows.ClassQueue.headroom). What is kept
-        free is of the slots the class holds or may take: not the reserves above it, nor what the other classes
-        hold (nothing is preempted)."""
+    def _blocked(self, state: PoolState, scheduling: SchedulingPolicy, klass: str, total: int, now: float,
+                 flow: Flow | None = None) -> set[Flow]:
+        """The flows of ``klass`` that may not take the next slot now (``flow``: the request asking, counted among
+        the tenants), by one split of the class (flows.ClassQueue.split: over or under their share of the recent
+        tokens):
+
+        - the headroom: those over their share, while taking the slot would leave fewer slots free than the flows
+          under it need (flows.ClassQueue.headroom). What is kept free is of the slots the class holds or may
+          take: not the reserves above it, nor what the other classes hold (nothing is preempted);
+        - pacing: while as many streams before their first token as the pool's steady flow needs are starting
+          and another tenant holds or queues requests in the pool (``_pacing``), those over their share, or every
+          flow of the class when none is under it. A flow under its share is not held: its streams count among
+          those starting. One tenant alone is not paced: there is nobody to order its backlog against.
+        """
         room = total - self._reserved(total, scheduling, klass)
         cap = kept_free(room, scheduling.tenant_headroom)
         free_after = room - state.granted - 1
-        if free_after >= cap:
+        short = cap > 0 and free_after < cap
+        paced = self._pacing(state, now, flow)
+        if not short and not paced:
             return set()
-        over, hold = state.queues[klass].headroom(cap, now)
-        return over if free_after < hold else set()
+        queue = state.queues[klass]
+        over, under = queue.split(now)
+        if paced:
+            return over if under else set(queue.flows.values())
+        return over if under and free_after < queue.headroom(under, cap, now) else set()
 
     @staticmethod
     def _reserved(total: int, scheduling: SchedulingPolicy, klass: str) -> int:

@@ -179,28 +179,25 @@ class ClassQueue:
         fair = room / len(tenants)
         return {f for f in active.values() if f.held + others.get(f.tenant, 0) >= fair}
 
-    def headroom(self, cap: int, now: float) -> tuple[set[Flow], int]:
-        """The flows over their share, and the slots they leave free, at most ``cap``. Over its share is a flow
-        charged at least the active flows' mean over about the last ACTIVE_S (the counter's measure: tokens over
-        the weight, estimates while in flight, the work done once released; so a flood is over from its first
-        grants, and a flow of many short requests is not over for holding a slot). The others are kept what
-        their arrivals find in use at the STARTS_AT_ONCE quantile, plus one slot for the arrival itself, less
-        what they hold now; at least one slot. What an arrival finds in use is read as Poisson with the slots they
-        held on average (requests that arrive at random and each hold a slot for a while: M/G/infinity), so at
-        least STARTS_AT_ONCE of their arrivals start at once while the cap allows. With every active flow alike,
-        none is over."""
-        if cap <= 0:
-            return set(), 0
-        over, under = self.split(now)
-        if not under:  # all alike: nobody to keep room for
-            return set(), 0
+    def headroom(self, under: list[Flow], cap: int, now: float) -> int:
+        """The slots kept free for the flows ``under`` their share (``split``'s second part), at most ``cap``:
+        what their arrivals find in use at the STARTS_AT_ONCE quantile, plus one slot for the arrival itself,
+        less what they hold now; at least one slot, and 0 with none under (every active flow alike). What an
+        arrival finds in use is read as Poisson with the slots they held on average (requests that arrive at
+        random and each hold a slot for a while: M/G/infinity), so at least STARTS_AT_ONCE of their arrivals
+        start at once while the cap allows."""
+        if cap <= 0 or not under:
+            return 0
         usage = sum(f.recent_slots(now) for f in under)
         need = poisson_quantile(usage, STARTS_AT_ONCE) + 1 - sum(f.held for f in under)
-        return over, min(max(1, need), cap)
+        return min(max(1, need), cap)
 
     def split(self, now: float) -> tuple[set[Flow], list[Flow]]:
         """The active flows charged at least their mean over about the last ACTIVE_S (over their share), and the
-        others; both empty with fewer than two active, and nobody over when all are alike."""
+        others; both empty with fewer than two active, and nobody over when all are alike. The charge is the
+        counter's measure: tokens over the weight, estimates while in flight, the work done once released; so a
+        flood is over from its first grants, and a flow of many short requests is not over for holding a
+        slot."""
         active = self.active(now)
         if len(active) < 2:
             return set(), []

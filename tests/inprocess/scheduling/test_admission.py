@@ -536,6 +536,48 @@ def test_a_tenant_over_its_fair_share_of_the_fleet_does_not_go_past_the_part() -
     asyncio.run(main())
 
 
+def test_premium_that_pacing_holds_as_over_its_share_does_not_spill_past_pacing() -> None:
+    """Premium's spill at half its deadline is a way past this process's part of the limit, not past the order
+    between flows: a premium flood that pacing holds (over its share of the recent tokens, beside a flow under
+    it, with the pool's prefills in flight) waits its turn here, and is shed at its deadline, while the quiet
+    tenant starts at once. Found on a fresh shape, where most of the flood's grants came through the spill and
+    the quiet tenant's requests met a full engine."""
+    async def main() -> None:
+        h = Harness(slots=8, tiers={"premium": {"max_queue_wait_ms": 400}})
+        h.release(await h.admit(h.ctx("p2"), cost=10))  # the quiet tenant: little, and often
+        quiet = [await h.admit(h.ctx("p2"), cost=10)]
+        flood = [h.ctx("p1"), h.ctx("p1")]
+        for ctx in flood:
+            ctx.stream = True
+        await h.admit(flood[0])  # prefilling: the pool's steady flow of first tokens is one
+        with pytest.raises(Shed) as caught:
+            await h.admit(flood[1])
+        assert caught.value.reason == "deadline" and h.pool.held() == {"p1": 1, "p2": 1}, "never past pacing"
+        quiet.append(await h.admit(h.ctx("p2"), cost=10))
+        assert not quiet[-1].past_limit and h.pool.held() == {"p1": 1, "p2": 2}, "under its share: at once"
+        for ctx in (flood[0], *quiet):
+            h.release(ctx)
+    asyncio.run(main())
+
+
+def test_premium_alone_in_its_class_still_spills_while_another_class_paces_the_pool() -> None:
+    """Pacing holds every flow of a class when none is under its share; that is no reason to keep a premium
+    tenant alone in its class from the other replicas' free part (a standard stream prefilling is enough to
+    pace the pool): it goes past its part at half its deadline, as before pacing, and is not shed."""
+    async def main() -> None:
+        h = Harness(tiers={"premium": {"max_queue_wait_ms": 400}})
+        h.worker.learned.limit = 4
+        h.controller.share = Share(0, 2)  # one of two replicas: its part of the worker is 2
+        prefilling = h.ctx("s1")
+        prefilling.stream = True
+        held = [await h.admit(prefilling), await h.admit(h.ctx("p1"))]  # the part is full, and paced
+        spilled = await h.admit(h.ctx("p1"))
+        assert spilled.past_limit and h.pool.held() == {"p1": 2, "s1": 1}
+        for ctx in (*held, spilled):
+            h.release(ctx)
+    asyncio.run(main())
+
+
 def test_a_tenant_flooding_one_process_stays_in_its_part_when_another_process_has_a_tenant() -> None:
     """A tenant whose traffic reaches only this process sees no other tenant here; the slots past this process's
     part are the other process's, where a quiet tenant this one never sees is next. Its report (a tenant active

@@ -33,7 +33,7 @@ from gateway.context import RequestContext
 from gateway.endpoints import CHAT
 from gateway.errors import Shed
 from gateway.policy.loader import PolicySnapshot
-from gateway.policy.schema import TIERS, Policy
+from gateway.policy.schema import TIERS, Policy, SchedulingPolicy
 from gateway.scheduling import controller as controller_module
 from gateway.scheduling import flows
 from gateway.scheduling.capacity import capacity
@@ -367,12 +367,15 @@ def test_the_quiet_check_catches_pacing_that_holds_every_flow(monkeypatch: pytes
     plain: dict[str, Any] = {"premium_reserve": 0.0, "tenant_headroom": 0.0}
     assert simulate(reqs, [8], quiet="s5", streams=True, **plain).quiet_held == []
 
-    def every_flow(self: Controller, state: PoolState, klass: str, now: float, flow: Flow | None = None) -> set[Flow]:
-        if not state.starting or not self._paced(state, now) or not controller_module._contended(state, flow):
-            return set()
-        return set(state.queues[klass].flows.values())
+    blocked = Controller._blocked
 
-    monkeypatch.setattr(Controller, "_paced_flows", every_flow)
+    def every_flow(self: Controller, state: PoolState, scheduling: SchedulingPolicy, klass: str, total: int,
+                   now: float, flow: Flow | None = None) -> set[Flow]:
+        if state.starting and self._paced(state, now) and controller_module._contended(state, flow):
+            return set(state.queues[klass].flows.values())
+        return blocked(self, state, scheduling, klass, total, now, flow)
+
+    monkeypatch.setattr(Controller, "_blocked", every_flow)
     assert simulate(reqs, [8], quiet="s5", streams=True, **plain).quiet_held != []
 
 
