@@ -371,7 +371,7 @@ def test_the_quiet_check_catches_pacing_that_holds_every_flow(monkeypatch: pytes
 
     def every_flow(self: Controller, state: PoolState, scheduling: SchedulingPolicy, klass: str, total: int,
                    now: float, flow: Flow | None = None) -> set[Flow]:
-        if state.starting and self._paced(state, now) and controller_module._contended(state, flow):
+        if self._pacing(state, now, flow):
             return set(state.queues[klass].flows.values())
         return blocked(self, state, scheduling, klass, total, now, flow)
 
